@@ -1,0 +1,11 @@
+"""radixkv: radix-tree KV prefix caching for LLM serving.
+
+``import radixkv`` stays light: the cache, allocator and replay work on numpy
+arrays and plain ints; torch is imported only by the KV pool, model and engine.
+"""
+
+from radixkv.allocator import BlockAllocator, OutOfBlocks
+from radixkv.radix import CacheStats, MatchResult, RadixCache
+
+__all__ = ["BlockAllocator", "CacheStats", "MatchResult", "OutOfBlocks", "RadixCache"]
+__version__ = "0.1.0"

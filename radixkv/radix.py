@@ -1,0 +1,553 @@
+"""RadixCache: a compressed trie on token ids that owns refcounted KV blocks.
+
+Each node but the root holds a block-aligned run of tokens and exactly one
+block per ``block_size`` tokens. A node's tokens are stored once, as the bytes
+of an int32 array: the child key is the first block's bytes (an injective
+encoding of the tuple of its ``block_size`` token ids), and walking down is one
+dict lookup plus one ``bytes.startswith`` (a memcmp) per node. Only where a
+walk ends inside a node does the code compare tokens one by one (numpy), to
+find the block boundary where they part.
+
+Reference ownership (see ARCHITECTURE.md):
+- the tree holds exactly one reference on every block of every node;
+- ``match`` gives the caller one more reference on each matched block;
+- ``insert`` takes the tree's own reference on each block it adopts and never
+  touches the caller's references.
+
+Every leaf sits in a sorted index keyed by the eviction order, so ``evict``
+pops victims from the front instead of scanning the tree. Leaves whose blocks
+a request still holds (refcount > 1) are skipped and stay in the tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+from sortedcontainers import SortedList
+
+from radixkv.allocator import BlockAllocator, as_block_array
+from radixkv.eviction import EvictionOrder, make_eviction_order
+from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
+
+__all__ = ["CacheStats", "MatchResult", "RadixCache"]
+
+_TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
+_EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
+
+
+class MatchResult:
+    """The longest cached block-aligned prefix of a query.
+
+    ``block_array`` is an int32 array of the matched blocks in order;
+    ``blocks`` is the same as ``list[int]`` (built on first access). One
+    reference on each block belongs to whoever received this result.
+    ``num_tokens == len(blocks) * block_size``.
+    """
+
+    __slots__ = ("block_array", "num_tokens", "_blocks")
+
+    def __init__(self, block_array: np.ndarray, num_tokens: int) -> None:
+        self.block_array = block_array
+        self.num_tokens = num_tokens
+        self._blocks: list[int] | None = None
+
+    @property
+    def blocks(self) -> list[int]:
+        if self._blocks is None:
+            self._blocks = self.block_array.tolist()
+        return self._blocks
+
+    def __repr__(self) -> str:
+        return f"MatchResult(blocks={self.blocks!r}, num_tokens={self.num_tokens})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MatchResult):
+            return NotImplemented
+        return self.num_tokens == other.num_tokens and self.blocks == other.blocks
+
+
+@dataclass
+class CacheStats:
+    """Cumulative counters since the cache was built (``reset`` keeps them); tokens unless noted."""
+
+    num_matches: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    num_inserts: int = 0
+    inserted_tokens: int = 0
+    evicted_blocks: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """hit_tokens / query_tokens (0.0 before any query)."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
+class _Node:
+    """A run of tokens and its blocks. ``entry`` is its key in the leaf index, None when absent."""
+
+    __slots__ = ("key", "blocks", "children", "parent", "depth_end", "last_access", "entry")
+
+    def __init__(
+        self,
+        key: bytes,
+        blocks: np.ndarray,
+        parent: _Node | None,
+        depth_end: int,
+        last_access: int,
+    ) -> None:
+        self.key = key  # the node's tokens: int32 bytes, block-aligned
+        self.blocks = blocks  # int32 array, one block per block_size tokens
+        self.children: dict[bytes, _Node] = {}
+        self.parent = parent
+        self.depth_end = depth_end  # tokens from the root to the end of this node
+        self.last_access = last_access
+        self.entry: tuple | None = None
+
+    def tokens(self) -> np.ndarray:
+        return np.frombuffer(self.key, dtype=TOKEN_DTYPE)
+
+
+class RadixCache:
+    """Block-level prefix cache over a ``BlockAllocator`` (SGLang-style radix tree).
+
+    ``eviction`` is ``"level"`` (deepest leaves first, LRU within a depth),
+    ``"lru"`` (least recently used leaf first) or an object with a
+    ``key(node)`` method (see ``radixkv.eviction``).
+
+    >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
+    >>> cache = RadixCache(alloc)
+    >>> blocks = alloc.alloc(2)
+    >>> cache.insert([1, 2, 3, 4, 5], blocks)      # caches 2 full blocks
+    0
+    >>> alloc.decref(blocks)                       # the request lets go; the tree keeps them
+    0
+    >>> m = cache.match([1, 2, 3, 9])
+    >>> m.blocks, m.num_tokens
+    ([0], 2)
+    >>> alloc.decref(m.blocks)
+    0
+    """
+
+    def __init__(self, allocator: BlockAllocator, eviction: str | EvictionOrder = "level") -> None:
+        if not isinstance(allocator, BlockAllocator):
+            raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        self._alloc = allocator
+        self._order = make_eviction_order(eviction)
+        self._bs = allocator.block_size
+        self._block_bytes = self._bs * _TOKEN_BYTES
+        self._roots: dict[Hashable, _Node] = {}
+        self._leaves = SortedList()
+        self._held = np.zeros(allocator.num_blocks, dtype=bool)
+        self._num_cached = 0
+        self._clock = 0
+        self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
+        self._stats = CacheStats()
+
+    # ----------------------------------------------------------- properties
+    @property
+    def allocator(self) -> BlockAllocator:
+        return self._alloc
+
+    @property
+    def block_size(self) -> int:
+        return self._bs
+
+    @property
+    def eviction(self) -> str:
+        return getattr(self._order, "name", type(self._order).__name__)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks the tree holds a reference on. Complexity: O(1)."""
+        return self._num_cached
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Blocks ``evict`` could free now: those in subtrees no request holds a block of.
+
+        Complexity: O(nodes + cached blocks), vectorised per node.
+        """
+        rc = self._alloc.refcounts
+        total = 0
+        for root in self._roots.values():
+            # Post-order: a node is evictable iff its blocks are free of requests and
+            # every child is evictable (its children must go first).
+            stack: list[tuple[_Node, bool]] = [(root, False)]
+            ok: dict[int, bool] = {}
+            while stack:
+                node, expanded = stack.pop()
+                if not expanded:
+                    stack.append((node, True))
+                    stack.extend((c, False) for c in node.children.values())
+                    continue
+                good = all(ok[id(c)] for c in node.children.values())
+                if node is not root:
+                    good = good and not (rc(node.blocks) > 1).any()
+                    if good:
+                        total += len(node.blocks)
+                ok[id(node)] = good
+        return total
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the tree, roots excluded. Complexity: O(nodes)."""
+        return sum(1 for _ in self._iter_nodes())
+
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of the counters."""
+        return replace(self._stats)
+
+    # ------------------------------------------------------------------ match
+    def match(self, tokens: TokenSeq, namespace: Hashable = None) -> MatchResult:
+        """Longest cached block-aligned prefix of ``tokens`` under ``namespace``.
+
+        The caller receives one reference on each returned block and must
+        ``decref`` it when done. If the match ends inside a node, that node is
+        split at the block boundary (so the prefix ends at a node). Touches the
+        matched path for eviction order. Raises ``TypeError``/``ValueError`` on
+        bad input, before any change.
+
+        Complexity: O(depth) dict lookups and memcmps, plus O(node length) for
+        the one node where the walk ends inside, plus O(matched blocks) to
+        build the result.
+        """
+        arr = as_token_array(tokens)
+        _require_hashable(namespace)
+        bs, bb = self._bs, self._block_bytes
+        n_blocks = len(arr) // bs
+        self._clock += 1
+        clock = self._clock
+        stats = self._stats
+        stats.num_matches += 1
+        stats.query_tokens += len(arr)
+        node = self._roots.get(namespace)
+        if node is None or n_blocks == 0:
+            return MatchResult(_EMPTY_BLOCKS, 0)
+        data = arr[: n_blocks * bs].tobytes()
+        end = len(data)
+        pos = 0
+        parts = []
+        while pos < end:
+            child = node.children.get(data[pos : pos + bb])
+            if child is None:
+                break
+            if data.startswith(child.key, pos):
+                node = child
+                node.last_access = clock
+                parts.append(node.blocks)
+                pos += len(node.key)
+                continue
+            k = self._common_blocks(child, arr, pos // _TOKEN_BYTES, n_blocks * bs)
+            node = self._split(child, k)
+            node.last_access = clock
+            parts.append(node.blocks)
+            pos += k * bb
+            break
+        if not parts:
+            return MatchResult(_EMPTY_BLOCKS, 0)
+        if node.entry is not None:
+            self._reindex(node)
+        blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._alloc.incref_distinct(blocks)
+        num_tokens = pos // _TOKEN_BYTES
+        stats.hit_tokens += num_tokens
+        return MatchResult(blocks, num_tokens)
+
+    # ----------------------------------------------------------------- insert
+    def insert(self, tokens: TokenSeq, blocks: Iterable[int], namespace: Hashable = None) -> int:
+        """Cache the full blocks of ``tokens``; return how many leading tokens were cached already.
+
+        ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``; at least
+        ``len(tokens) // block_size`` entries, each allocated. The tree adopts
+        (takes its own reference on) the blocks past the already-cached prefix
+        and never touches the caller's references: the caller still owns and
+        must ``decref`` all of ``blocks``. Raises ``ValueError`` (too few
+        blocks, a free or out-of-range block, a repeated block, or a block the
+        tree already caches at another position) and ``TypeError``, before any
+        change.
+
+        Complexity: as ``match`` for the walk, plus O(adopted blocks).
+        """
+        arr = as_token_array(tokens)
+        _require_hashable(namespace)
+        bs, bb = self._bs, self._block_bytes
+        n_blocks = len(arr) // bs
+        blk = as_block_array(blocks)
+        if len(blk) < n_blocks:
+            raise ValueError(
+                f"insert of {len(arr)} tokens needs {n_blocks} blocks of {bs}, got {len(blk)}"
+            )
+        blk = blk[:n_blocks]
+        if n_blocks and (blk.min() < 0 or blk.max() >= self._alloc.num_blocks):
+            raise ValueError(f"block ids must be in [0, {self._alloc.num_blocks})")
+        rcs = self._alloc.refcounts(blk)
+        if (rcs <= 0).any():
+            raise ValueError(f"block {int(blk[np.argmax(rcs <= 0)])} is not allocated")
+
+        # Walk without changing anything, so validation can still fail cleanly.
+        root = self._roots.get(namespace)
+        node, path = root, []
+        pos, end = 0, n_blocks * bb
+        data = arr[: n_blocks * bs].tobytes()
+        split_child, split_at = None, 0
+        while node is not None and pos < end:
+            child = node.children.get(data[pos : pos + bb])
+            if child is None:
+                break
+            if data.startswith(child.key, pos):
+                node = child
+                path.append(node)
+                pos += len(node.key)
+                continue
+            split_at = self._common_blocks(child, arr, pos // _TOKEN_BYTES, n_blocks * bs)
+            split_child = child
+            pos += split_at * bb
+            break
+        num_cached = pos // bb
+        new = blk[num_cached:]
+        if new.size:
+            if _has_duplicates(new):
+                raise ValueError("blocks must be distinct")
+            held = self._held[new]
+            if held.any():
+                raise ValueError(
+                    f"block {int(new[np.argmax(held)])} is already cached at another position"
+                )
+
+        self._clock += 1
+        clock = self._clock
+        stats = self._stats
+        stats.num_inserts += 1
+        if root is None:
+            if not new.size:
+                return num_cached * bs
+            root = self._roots[namespace] = _Node(b"", _EMPTY_BLOCKS, None, 0, clock)
+            node = root
+        for n in path:
+            n.last_access = clock
+        if new.size:
+            if split_child is not None:
+                node = self._split(split_child, split_at)
+                node.last_access = clock
+            leaf = _Node(data[pos:], new.copy(), node, node.depth_end + len(new) * bs, clock)
+            if node.entry is not None:
+                self._unindex(node)
+            node.children[data[pos : pos + bb]] = leaf
+            self._index(leaf)
+            self._alloc.incref_distinct(new)
+            self._held[new] = True
+            self._num_cached += len(new)
+            stats.inserted_tokens += len(new) * bs
+        elif node is not None and node.entry is not None:
+            self._reindex(node)
+        return num_cached * bs
+
+    # ------------------------------------------------------------------ evict
+    def evict(self, num_blocks: int) -> int:
+        """Free at least ``num_blocks`` cached blocks if that many are evictable, else all it can.
+
+        Victims are leaves in eviction order; a whole leaf goes at once (so
+        maybe more than asked). A leaf with a block some request holds
+        (refcount > 1) is skipped and stays; a parent becomes a candidate once
+        its last child is gone. Returns the number of blocks freed.
+
+        Complexity: O((evicted + skipped leaves) * log leaves), plus O(blocks freed).
+        """
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
+            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        alloc, leaves, held, bb = self._alloc, self._leaves, self._held, self._block_bytes
+        rc = alloc.refcounts
+        freed = 0
+        skipped = []
+        while freed < num_blocks and leaves:
+            entry = leaves.pop(0)
+            node = entry[-1]
+            if (rc(node.blocks) > 1).any():
+                skipped.append(entry)
+                continue
+            node.entry = None
+            parent = node.parent
+            del parent.children[node.key[:bb]]
+            node.parent = None
+            freed += alloc.decref_distinct(node.blocks)
+            held[node.blocks] = False
+            self._num_cached -= len(node.blocks)
+            if parent.parent is not None and not parent.children:
+                self._index(parent)
+        for entry in skipped:
+            leaves.add(entry)
+        self._stats.evicted_blocks += freed
+        return freed
+
+    def reset(self) -> None:
+        """Drop the tree's reference on every block it holds and empty the tree.
+
+        Blocks no request holds become free; requests keep theirs. Stats are kept.
+        Complexity: O(cached blocks).
+        """
+        held_blocks = np.flatnonzero(self._held).astype(np.int32)
+        self._alloc.decref_distinct(held_blocks)
+        self._held[:] = False
+        self._roots.clear()
+        self._leaves.clear()
+        self._num_cached = 0
+
+    # ------------------------------------------------------------- internals
+    def _common_blocks(self, child: _Node, arr: np.ndarray, start: int, stop: int) -> int:
+        """Whole blocks on which ``child``'s tokens and ``arr[start:stop]`` agree (rounded DOWN)."""
+        ours = child.tokens()
+        m = min(len(ours), stop - start)
+        diff = np.flatnonzero(ours[:m] != arr[start : start + m])
+        agree = int(diff[0]) if diff.size else m
+        return agree // self._bs
+
+    def _split(self, node: _Node, k: int) -> _Node:
+        """Split ``node`` after its first ``k`` blocks; return the new head.
+
+        The head takes the node's place under its parent; the node object
+        itself becomes the tail, keeping its children (so they need no
+        re-parenting), its depth_end and its leaf-index entry.
+        """
+        bs, bb = self._bs, self._block_bytes
+        cut = k * bb
+        parent = node.parent
+        head = _Node(
+            node.key[:cut],
+            node.blocks[:k].copy(),
+            parent,
+            node.depth_end - (len(node.key) - cut) // _TOKEN_BYTES,
+            node.last_access,
+        )
+        parent.children[node.key[:bb]] = head
+        node.key = node.key[cut:]
+        node.blocks = node.blocks[k:].copy()
+        node.parent = head
+        head.children[node.key[:bb]] = node
+        assert head.depth_end + len(node.blocks) * bs == node.depth_end
+        return head
+
+    def _index(self, node: _Node) -> None:
+        self._uid += 1
+        node.entry = (*self._order.key(node), self._uid, node)
+        self._leaves.add(node.entry)
+
+    def _unindex(self, node: _Node) -> None:
+        self._leaves.remove(node.entry)
+        node.entry = None
+
+    def _reindex(self, node: _Node) -> None:
+        self._unindex(node)
+        self._index(node)
+
+    def _iter_nodes(self) -> Iterator[_Node]:
+        for root in self._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                yield node
+                stack.extend(node.children.values())
+
+    # ------------------------------------------------------------ inspection
+    def check(self) -> None:
+        """Assert every structural invariant (ARCHITECTURE.md 1-4 as far as the tree sees them).
+
+        Complexity: O(nodes + cached blocks + num_blocks).
+        """
+        bs, bb = self._bs, self._block_bytes
+        seen_blocks: list[np.ndarray] = []
+        leaves = 0
+        for root in self._roots.values():
+            assert root.parent is None and root.key == b"" and root.depth_end == 0
+            assert root.entry is None, "a root is in the leaf index"
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                for key, child in node.children.items():
+                    assert child.parent is node, "child's parent pointer is wrong"
+                    assert len(child.key) > 0, "empty non-root node"
+                    assert len(child.key) % bb == 0, "node tokens not block-aligned"
+                    assert key == child.key[:bb], "child keyed by something other than its 1st block"
+                    assert len(child.blocks) * bb == len(child.key), "blocks != tokens / block_size"
+                    assert child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES
+                    stack.append(child)
+                if node is not root:
+                    seen_blocks.append(node.blocks)
+                    if node.children:
+                        assert node.entry is None, "an interior node is in the leaf index"
+                    else:
+                        leaves += 1
+                        assert node.entry is not None, "a leaf is missing from the leaf index"
+                        assert node.entry[:-2] == self._order.key(node), "stale leaf-index key"
+                        assert node.entry in self._leaves
+        assert leaves == len(self._leaves), "leaf index holds nodes no longer leaves"
+        blocks = np.concatenate(seen_blocks) if seen_blocks else _EMPTY_BLOCKS
+        assert len(np.unique(blocks)) == len(blocks), "a block is held by two nodes"
+        assert len(blocks) == self._num_cached, "cached_blocks count is off"
+        held = np.zeros_like(self._held)
+        held[blocks] = True
+        assert (held == self._held).all(), "held-block map disagrees with the tree"
+        assert (self._alloc.refcounts(blocks) >= 1).all(), "the tree holds a free block"
+        self._alloc.check()
+        del bs
+
+    def pretty(self, max_tokens: int = 8, max_blocks: int = 6) -> str:
+        """The tree as indented text: each node's tokens, blocks and refcounts, abbreviated."""
+        lines = [
+            f"RadixCache(block_size={self._bs}, eviction={self.eviction!r}, "
+            f"cached_blocks={self._num_cached}, free={self._alloc.num_free})"
+        ]
+        for namespace, root in self._roots.items():
+            lines.append(f"namespace {namespace!r}")
+            self._pretty_children(root, "", lines, max_tokens, max_blocks)
+        return "\n".join(lines)
+
+    def _pretty_children(
+        self, node: _Node, indent: str, lines: list[str], max_tokens: int, max_blocks: int
+    ) -> None:
+        children = list(node.children.values())
+        for i, child in enumerate(children):
+            last = i == len(children) - 1
+            toks = _abbrev(child.tokens().tolist(), max_tokens)
+            blocks = child.blocks.tolist()
+            rcs = self._alloc.refcounts(child.blocks).tolist()
+            lines.append(
+                f"{indent}{'└── ' if last else '├── '}{toks} ({len(child.key) // _TOKEN_BYTES} tok)"
+                f" blocks {_abbrev(blocks, max_blocks)} rc {_abbrev(rcs, max_blocks)}"
+            )
+            self._pretty_children(
+                child, indent + ("    " if last else "│   "), lines, max_tokens, max_blocks
+            )
+
+    def __str__(self) -> str:
+        return self.pretty()
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixCache(block_size={self._bs}, eviction={self.eviction!r}, "
+            f"cached_blocks={self._num_cached})"
+        )
+
+
+def _abbrev(values: list[int], limit: int) -> str:
+    if len(values) <= limit:
+        return "[" + " ".join(map(str, values)) + "]"
+    head = " ".join(map(str, values[: limit - 2]))
+    tail = " ".join(map(str, values[-2:]))
+    return f"[{head} … {tail}]"
+
+
+def _require_hashable(namespace: object) -> None:
+    try:
+        hash(namespace)
+    except TypeError:
+        raise TypeError(f"namespace must be hashable, got {type(namespace).__name__}") from None
+
+
+def _has_duplicates(arr: np.ndarray) -> bool:
+    return arr.size > 1 and len(np.unique(arr)) != arr.size
