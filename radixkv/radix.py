@@ -166,7 +166,7 @@ class RadixCache:
 
     @property
     def evictable_blocks(self) -> int:
-        """Blocks ``evict`` could free now: those in subtrees no request holds a block of.
+        """Blocks ``evict`` could free now: every cached block with no held block at or below it.
 
         Complexity: O(nodes + cached blocks), vectorised per node.
         """
@@ -184,10 +184,11 @@ class RadixCache:
                     stack.extend((c, False) for c in node.children.values())
                     continue
                 good = all(ok[id(c)] for c in node.children.values())
-                if node is not root:
-                    good = good and not (rc(node.blocks) > 1).any()
-                    if good:
-                        total += len(node.blocks)
+                if node is not root and good:
+                    busy = np.flatnonzero(rc(node.blocks) > 1)
+                    # Blocks after the last held one can go (evict splits them off).
+                    total += len(node.blocks) - (int(busy[-1]) + 1 if busy.size else 0)
+                    good = not busy.size
                 ok[id(node)] = good
         return total
 
@@ -351,9 +352,11 @@ class RadixCache:
         """Free at least ``num_blocks`` cached blocks if that many are evictable, else all it can.
 
         Victims are leaves in eviction order; a whole leaf goes at once (so
-        maybe more than asked). A leaf with a block some request holds
-        (refcount > 1) is skipped and stays; a parent becomes a candidate once
-        its last child is gone. Returns the number of blocks freed.
+        maybe more than asked). A block some request holds (refcount > 1) is
+        never freed and its node stays: a leaf whose last block is held is
+        skipped; a leaf of which only a head part is held is split there and
+        its free tail evicted. A parent becomes a candidate once its last child
+        is gone. Returns the number of blocks freed.
 
         Complexity: O((evicted + skipped leaves) * log leaves), plus O(blocks freed).
         """
@@ -368,9 +371,15 @@ class RadixCache:
         while freed < num_blocks and leaves:
             entry = leaves.pop(0)
             node = entry[-1]
-            if (rc(node.blocks) > 1).any():
-                skipped.append(entry)
-                continue
+            busy = np.flatnonzero(rc(node.blocks) > 1)
+            if busy.size:
+                keep = int(busy[-1]) + 1
+                if keep == len(node.blocks):
+                    skipped.append(entry)
+                    continue
+                # Only a head part is held (a request kept blocks across a reset or
+                # re-insert): split it off; the node object stays the free tail.
+                self._split(node, keep)
             node.entry = None
             parent = node.parent
             del parent.children[node.key[:bb]]
@@ -459,7 +468,7 @@ class RadixCache:
 
         Complexity: O(nodes + cached blocks + num_blocks).
         """
-        bs, bb = self._bs, self._block_bytes
+        bb = self._block_bytes
         seen_blocks: list[np.ndarray] = []
         leaves = 0
         for root in self._roots.values():
@@ -472,7 +481,7 @@ class RadixCache:
                     assert child.parent is node, "child's parent pointer is wrong"
                     assert len(child.key) > 0, "empty non-root node"
                     assert len(child.key) % bb == 0, "node tokens not block-aligned"
-                    assert key == child.key[:bb], "child keyed by something other than its 1st block"
+                    assert key == child.key[:bb], "child not keyed by its first block"
                     assert len(child.blocks) * bb == len(child.key), "blocks != tokens / block_size"
                     assert child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES
                     stack.append(child)
@@ -494,7 +503,6 @@ class RadixCache:
         assert (held == self._held).all(), "held-block map disagrees with the tree"
         assert (self._alloc.refcounts(blocks) >= 1).all(), "the tree holds a free block"
         self._alloc.check()
-        del bs
 
     def pretty(self, max_tokens: int = 8, max_blocks: int = 6) -> str:
         """The tree as indented text: each node's tokens, blocks and refcounts, abbreviated."""

@@ -7,7 +7,7 @@ input raises before any state changes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +17,7 @@ TOKEN_DTYPE = np.int32
 _INFO = np.iinfo(TOKEN_DTYPE)
 
 # A list/tuple of ints, a 1-D integer numpy array, or a 1-D integer torch tensor.
-TokenSeq = Union[Sequence[int], np.ndarray, Any]
+TokenSeq = Sequence[int] | np.ndarray | Any
 
 
 def as_token_array(tokens: TokenSeq) -> np.ndarray:
