@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from radixkv import _kernels
+
 __all__ = ["BlockAllocator", "OutOfBlocks"]
 
 BLOCK_DTYPE = np.int32
@@ -156,29 +158,29 @@ class BlockAllocator:
         """``incref`` for an int array of distinct, allocated blocks (the caches' hot path).
 
         Allocation is checked (``ValueError``, nothing changed); distinctness is
-        the caller's promise. Complexity: O(n), vectorised.
+        the caller's promise. Complexity: O(n), one compiled pass.
         """
-        if blocks.size == 0:
-            return
-        rc = self._refcount
-        if (rc[blocks] <= 0).any():
-            self._require_allocated(blocks)
-        rc[blocks] += 1
+        bad = _kernels.incref_distinct(self._refcount, blocks)
+        if bad >= 0:
+            raise ValueError(f"block {int(blocks[bad])} is not allocated (refcount 0)")
 
     def decref_distinct(self, blocks: np.ndarray) -> int:
         """``decref`` for an int array of distinct, allocated blocks; returns blocks freed."""
-        if blocks.size == 0:
-            return 0
-        rc = self._refcount
-        if (rc[blocks] <= 0).any():
-            self._require_allocated(blocks)
-        rc[blocks] -= 1
-        freed = blocks[rc[blocks] == 0]
-        return self._push_free(freed)
+        top = _kernels.decref_distinct(self._refcount, blocks, self._free, self._num_free)
+        if top < 0:
+            raise ValueError(f"block {int(blocks[-1 - top])} is not allocated (refcount 0)")
+        freed = top - self._num_free
+        self._num_free = top
+        return freed
 
     def refcounts(self, blocks: np.ndarray) -> np.ndarray:
         """Refcounts of an int array of blocks (a copy). Complexity: O(n), vectorised."""
         return self._refcount[blocks]
+
+    @property
+    def refcount_array(self) -> np.ndarray:
+        """The live int32 refcount array, indexed by block. Read it; never write it."""
+        return self._refcount
 
     # ---------------------------------------------------------- invariants
     def check(self) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from sortedcontainers import SortedList
 
+from radixkv import _kernels
 from radixkv.allocator import BlockAllocator, as_block_array
 from radixkv.eviction import EvictionOrder, make_eviction_order
 from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
@@ -140,7 +141,9 @@ class RadixCache:
         self._block_bytes = self._bs * _TOKEN_BYTES
         self._roots: dict[Hashable, _Node] = {}
         self._leaves = SortedList()
-        self._held = np.zeros(allocator.num_blocks, dtype=bool)
+        self._held = np.zeros(allocator.num_blocks, dtype=np.bool_)
+        self._mark = np.zeros(allocator.num_blocks, dtype=np.int64)  # duplicate-check scratch
+        self._stamp = 0
         self._num_cached = 0
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
@@ -170,7 +173,8 @@ class RadixCache:
 
         Complexity: O(nodes + cached blocks), vectorised per node.
         """
-        rc = self._alloc.refcounts
+        rc = self._alloc.refcount_array
+        last_busy = _kernels.last_busy
         total = 0
         for root in self._roots.values():
             # Post-order: a node is evictable iff its blocks are free of requests and
@@ -185,10 +189,10 @@ class RadixCache:
                     continue
                 good = all(ok[id(c)] for c in node.children.values())
                 if node is not root and good:
-                    busy = np.flatnonzero(rc(node.blocks) > 1)
                     # Blocks after the last held one can go (evict splits them off).
-                    total += len(node.blocks) - (int(busy[-1]) + 1 if busy.size else 0)
-                    good = not busy.size
+                    busy = last_busy(rc, node.blocks)
+                    total += len(node.blocks) - (busy + 1)
+                    good = busy < 0
                 ok[id(node)] = good
         return total
 
@@ -283,11 +287,13 @@ class RadixCache:
                 f"insert of {len(arr)} tokens needs {n_blocks} blocks of {bs}, got {len(blk)}"
             )
         blk = blk[:n_blocks]
-        if n_blocks and (blk.min() < 0 or blk.max() >= self._alloc.num_blocks):
-            raise ValueError(f"block ids must be in [0, {self._alloc.num_blocks})")
-        rcs = self._alloc.refcounts(blk)
-        if (rcs <= 0).any():
-            raise ValueError(f"block {int(blk[np.argmax(rcs <= 0)])} is not allocated")
+        bad = _kernels.first_free(self._alloc.refcount_array, blk)
+        if bad >= 0:
+            b = int(blk[bad])
+            if not 0 <= b < self._alloc.num_blocks:
+                raise ValueError(f"block {b} out of range: block ids must be in "
+                                 f"[0, {self._alloc.num_blocks})")
+            raise ValueError(f"block {b} is not allocated")
 
         # Walk without changing anything, so validation can still fail cleanly.
         root = self._roots.get(namespace)
@@ -311,13 +317,14 @@ class RadixCache:
         num_cached = pos // bb
         new = blk[num_cached:]
         if new.size:
-            if _has_duplicates(new):
-                raise ValueError("blocks must be distinct")
-            held = self._held[new]
-            if held.any():
-                raise ValueError(
-                    f"block {int(new[np.argmax(held)])} is already cached at another position"
-                )
+            self._stamp += 1
+            reason, i = _kernels.check_adoptable(
+                self._alloc.refcount_array, self._held, new, self._mark, self._stamp
+            )
+            if reason == 2:
+                raise ValueError(f"block {int(new[i])} is already cached at another position")
+            if reason == 3:
+                raise ValueError(f"blocks must be distinct: block {int(new[i])} repeats")
 
         self._clock += 1
         clock = self._clock
@@ -340,7 +347,7 @@ class RadixCache:
             node.children[data[pos : pos + bb]] = leaf
             self._index(leaf)
             self._alloc.incref_distinct(new)
-            self._held[new] = True
+            _kernels.set_flags(self._held, new, True)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
         elif node is not None and node.entry is not None:
@@ -365,15 +372,16 @@ class RadixCache:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         alloc, leaves, held, bb = self._alloc, self._leaves, self._held, self._block_bytes
-        rc = alloc.refcounts
+        rc = alloc.refcount_array
+        last_busy = _kernels.last_busy
         freed = 0
         skipped = []
         while freed < num_blocks and leaves:
             entry = leaves.pop(0)
             node = entry[-1]
-            busy = np.flatnonzero(rc(node.blocks) > 1)
-            if busy.size:
-                keep = int(busy[-1]) + 1
+            busy = last_busy(rc, node.blocks)
+            if busy >= 0:
+                keep = busy + 1
                 if keep == len(node.blocks):
                     skipped.append(entry)
                     continue
@@ -385,7 +393,7 @@ class RadixCache:
             del parent.children[node.key[:bb]]
             node.parent = None
             freed += alloc.decref_distinct(node.blocks)
-            held[node.blocks] = False
+            _kernels.set_flags(held, node.blocks, False)
             self._num_cached -= len(node.blocks)
             if parent.parent is not None and not parent.children:
                 self._index(parent)
@@ -410,10 +418,7 @@ class RadixCache:
     # ------------------------------------------------------------- internals
     def _common_blocks(self, child: _Node, arr: np.ndarray, start: int, stop: int) -> int:
         """Whole blocks on which ``child``'s tokens and ``arr[start:stop]`` agree (rounded DOWN)."""
-        ours = child.tokens()
-        m = min(len(ours), stop - start)
-        diff = np.flatnonzero(ours[:m] != arr[start : start + m])
-        agree = int(diff[0]) if diff.size else m
+        agree = _kernels.common_prefix_len(child.tokens(), arr[start:stop])
         return agree // self._bs
 
     def _split(self, node: _Node, k: int) -> _Node:
@@ -555,7 +560,3 @@ def _require_hashable(namespace: object) -> None:
         hash(namespace)
     except TypeError:
         raise TypeError(f"namespace must be hashable, got {type(namespace).__name__}") from None
-
-
-def _has_duplicates(arr: np.ndarray) -> bool:
-    return arr.size > 1 and len(np.unique(arr)) != arr.size

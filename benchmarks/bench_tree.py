@@ -1,0 +1,296 @@
+"""Radix tree hot paths: match, insert, evict, metadata memory; against a naive per-token trie.
+
+Workloads (seeded):
+  chat  100 conversations x 10 turns over 4 shared 1,000-token system prompts, each turn
+        adding 150-250 tokens (vocabulary 32,000), requests interleaved at random while
+        each conversation keeps its turn order. Insert builds the tree from empty; match
+        runs the same requests on the built tree.
+  long  100 prompts of 32k tokens sharing a 16k prefix.
+  evict fill a cache with chat requests up to N tokens, then evict it in steps of 1% of
+        its size; microseconds per freed block at several N (flat = O(log n) per leaf).
+
+Timings are medians over --repeats runs of the whole workload, reported per request
+(us/req) and as tokens/s; the naive trie is measured in the same run (ratio = naive /
+radixkv). Inputs are numpy int32 token arrays and block arrays (the tree's native
+form); list inputs add a conversion cost, reported in the `list input` rows.
+
+    python benchmarks/bench_tree.py            # full run (several minutes)
+    python benchmarks/bench_tree.py --quick    # smaller, for a smoke check
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from naive_trie import NaiveTrie  # noqa: E402
+
+from radixkv import BlockAllocator, RadixCache  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def chat_workload(
+    rng: np.random.Generator, n_conv: int, n_turns: int, sys_len: int = 1000, vocab: int = 32000
+) -> list[tuple[int, np.ndarray]]:
+    """(conversation id, prompt tokens) in arrival order."""
+    systems = [rng.integers(0, vocab, sys_len, dtype=np.int32) for _ in range(4)]
+    convs = []
+    for c in range(n_conv):
+        turns = [rng.integers(0, vocab, int(rng.integers(150, 251)), dtype=np.int32)
+                 for _ in range(n_turns)]
+        convs.append(np.concatenate([systems[c % 4], *turns]))
+        convs[-1] = (convs[-1], np.cumsum([sys_len] + [len(t) for t in turns])[1:])
+    order = np.repeat(np.arange(n_conv), n_turns)
+    rng.shuffle(order)
+    next_turn = [0] * n_conv
+    out = []
+    for c in order:
+        tokens, ends = convs[c]
+        out.append((int(c), tokens[: ends[next_turn[c]]]))
+        next_turn[c] += 1
+    return out
+
+
+def long_workload(rng: np.random.Generator, n: int, length: int, shared: int):
+    prefix = rng.integers(0, 32000, shared, dtype=np.int32)
+    return [(i, np.concatenate([prefix, rng.integers(0, 32000, length - shared, dtype=np.int32)]))
+            for i in range(n)]
+
+
+def block_tables(requests, bs: int) -> tuple[list[np.ndarray], int]:
+    """Give every distinct full block of tokens (by its whole prefix) one block id."""
+    ids: dict[bytes, int] = {}
+    tables = []
+    for _, tokens in requests:
+        n = len(tokens) // bs
+        table = np.empty(n, dtype=np.int32)
+        data = tokens.tobytes()
+        for i in range(n):
+            key = data[: (i + 1) * bs * 4]
+            table[i] = ids.setdefault(key, len(ids))
+        tables.append(table)
+    return tables, len(ids)
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), (max(times) - min(times))
+
+
+def bench_match_insert(name: str, requests, bs: int, repeats: int, naive: bool) -> list[dict]:
+    tables, n_ids = block_tables(requests, bs)
+    n_req = len(requests)
+    n_tok = sum(len(t) for _, t in requests)
+    rows = []
+
+    def build() -> RadixCache:
+        alloc = BlockAllocator(num_blocks=max(n_ids, 1), block_size=bs)
+        alloc.alloc_array(n_ids)  # every block id is "written" by its request
+        return RadixCache(alloc)
+
+    state: dict = {}
+
+    def do_insert() -> None:
+        cache = build()
+        insert = cache.insert
+        t0 = time.perf_counter()
+        for (_, tokens), table in zip(requests, tables):
+            insert(tokens, table)
+        state["insert"] = time.perf_counter() - t0
+        state["cache"] = cache
+
+    def do_match() -> None:
+        match = state["cache"].match
+        t0 = time.perf_counter()
+        results = [match(tokens) for _, tokens in requests]
+        state["match"] = time.perf_counter() - t0
+        alloc = state["cache"].allocator
+        for m in results:
+            alloc.decref_distinct(m.block_array)
+
+    def do_match_list() -> None:
+        lists = [t.tolist() for _, t in requests]
+        match = state["cache"].match
+        t0 = time.perf_counter()
+        results = [match(tokens) for tokens in lists]
+        state["match_list"] = time.perf_counter() - t0
+        for m in results:
+            state["cache"].allocator.decref_distinct(m.block_array)
+
+    measured: dict[str, list[float]] = {"insert": [], "match": [], "match_list": []}
+    for _ in range(repeats):
+        gc.collect()
+        do_insert()
+        do_match()
+        do_match_list()
+        for k in measured:
+            measured[k].append(state[k])
+    floor: dict[str, float] = {}
+    if naive:
+        lists = [t.tolist() for _, t in requests]
+        tlists = [t.tolist() for t in tables]
+        trie_holder: dict = {}
+
+        def naive_insert() -> None:
+            trie = NaiveTrie(bs)
+            for tokens, table in zip(lists, tlists):
+                trie.insert(tokens, table)
+            trie_holder["t"] = trie
+
+        def naive_match() -> None:
+            trie = trie_holder["t"]
+            for tokens in lists:
+                trie.match(tokens)
+
+        floor["insert"], _ = median_time(naive_insert, max(1, repeats // 2))
+        floor["match"], _ = median_time(naive_match, max(1, repeats // 2))
+        floor["match_list"] = floor["match"]
+    for op in ("insert", "match", "match_list"):
+        med = statistics.median(measured[op])
+        spread = max(measured[op]) - min(measured[op])
+        rows.append({
+            "workload": name, "block_size": bs,
+            "op": "match (list input)" if op == "match_list" else op,
+            "requests": n_req, "tokens": n_tok,
+            "us_per_req": 1e6 * med / n_req, "spread_us": 1e6 * spread / n_req,
+            "mtok_per_s": n_tok / med / 1e6,
+            "naive_us_per_req": 1e6 * floor[op] / n_req if op in floor else float("nan"),
+            "speedup_vs_naive": floor[op] / med if op in floor else float("nan"),
+        })
+    cache = state["cache"]
+    rows.append(memory_row(name, requests, tables, n_ids, bs, cache.cached_blocks))
+    return rows
+
+
+def memory_row(name: str, requests, tables, n_ids: int, bs: int, cached: int) -> dict:
+    """Python heap the tree allocates for its metadata, per cached block and token."""
+    alloc = BlockAllocator(num_blocks=max(n_ids, 1), block_size=bs)
+    alloc.alloc_array(n_ids)
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    cache = RadixCache(alloc)
+    for (_, tokens), table in zip(requests, tables):
+        cache.insert(tokens, table)
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return {
+        "workload": name, "block_size": bs, "op": "memory", "requests": len(requests),
+        "tokens": cached * bs, "bytes_per_block": used / cached, "bytes_per_token": used / (cached * bs),
+        "nodes": cache.num_nodes,
+    }
+
+
+def bench_evict(sizes: list[int], bs: int, repeats: int, naive_size: int) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(1)
+    full = chat_workload(rng, 600, 10)
+    for size in sizes:
+        reqs, total = [], 0
+        for c, tokens in full:
+            reqs.append((c, tokens))
+            total += len(tokens) // bs * bs  # upper bound on what insert adds
+            if total >= size * 3:
+                break
+        tables, n_ids = block_tables(reqs, bs)
+        per_block = []
+        for _ in range(repeats):
+            alloc = BlockAllocator(num_blocks=n_ids, block_size=bs)
+            blocks = alloc.alloc_array(n_ids)
+            cache = RadixCache(alloc)
+            for (_, tokens), table in zip(reqs, tables):
+                cache.insert(tokens, table)
+                if cache.cached_blocks * bs >= size:
+                    break
+            alloc.decref_distinct(blocks[alloc.refcounts(blocks) > 1])  # requests are done
+            cached = cache.cached_blocks
+            step = max(1, cached // 100)
+            gc.collect()
+            t0 = time.perf_counter()
+            freed = 0
+            while cache.cached_blocks:
+                freed += cache.evict(step)
+            per_block.append((time.perf_counter() - t0) / freed)
+        row = {"workload": "evict", "block_size": bs, "op": "evict 1% steps",
+               "tokens": cached * bs, "us_per_block": 1e6 * statistics.median(per_block),
+               "spread_us": 1e6 * (max(per_block) - min(per_block))}
+        if size <= naive_size:
+            trie = NaiveTrie(bs)
+            inserted = 0
+            for (_, tokens), table in zip(reqs, tables):
+                inserted += len(tokens) // bs * bs - trie.insert(tokens.tolist(), table.tolist())
+                if inserted >= size:
+                    break
+            steps = 5
+            t0 = time.perf_counter()
+            nf = sum(trie.evict(step) for _ in range(steps))
+            row["naive_us_per_block"] = 1e6 * (time.perf_counter() - t0) / nf
+            row["speedup_vs_naive"] = row["naive_us_per_block"] / row["us_per_block"]
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'workload':<8} {'bs':>3} {'op':<20} {'us/req':>9} {'±':>6} {'Mtok/s':>8} "
+          f"{'naive us':>10} {'x naive':>8}")
+    for r in rows:
+        if r["op"] == "memory":
+            print(f"{r['workload']:<8} {r['block_size']:>3} {'memory':<20} "
+                  f"{r['bytes_per_token']:>8.2f} B/token  {r['bytes_per_block']:.1f} B/block  "
+                  f"{r['nodes']} nodes")
+        elif r["workload"] == "evict":
+            extra = (f"{r['naive_us_per_block']:>10.2f} {r['speedup_vs_naive']:>8.1f}"
+                     if "naive_us_per_block" in r else "")
+            print(f"{'evict':<8} {r['block_size']:>3} {r['tokens']:>9} tokens cached "
+                  f"{r['us_per_block']:>7.3f} us/block {'':>8}{extra}")
+        else:
+            print(f"{r['workload']:<8} {r['block_size']:>3} {r['op']:<20} {r['us_per_req']:>9.2f} "
+                  f"{r['spread_us']:>6.2f} {r['mtok_per_s']:>8.1f} {r['naive_us_per_req']:>10.1f} "
+                  f"{r['speedup_vs_naive']:>8.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller workloads, fewer repeats")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--no-naive", action="store_true", help="skip the naive trie floor")
+    args = ap.parse_args()
+    repeats = args.repeats or (3 if args.quick else 7)
+    rng = np.random.default_rng(0)
+    chat = chat_workload(rng, 20 if args.quick else 100, 10)
+    long = long_workload(rng, 10 if args.quick else 100, 32768, 16384)
+    sizes = [62_500, 125_000, 250_000] if args.quick else [125_000, 250_000, 500_000, 1_000_000]
+    rows: list[dict] = []
+    for bs in (1, 16):
+        rows += bench_match_insert("chat", chat, bs, repeats, not args.no_naive)
+        rows += bench_match_insert("long", long, bs, repeats, not args.no_naive)
+        rows += bench_evict(sizes, bs, max(1, repeats // 2), 0 if args.no_naive else sizes[0])
+    print_table(rows)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / ("bench_tree_quick.csv" if args.quick else "bench_tree.csv")
+    keys = sorted({k for r in rows for k in r})
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

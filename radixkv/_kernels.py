@@ -1,0 +1,110 @@
+"""numba kernels for the per-block loops on the caches' hot paths.
+
+A match at block size 1 hands out thousands of references; numpy fancy
+indexing costs several passes and an index conversion per call, a compiled
+loop one pass. Each kernel that can fail checks everything first and changes
+nothing unless all is well, so callers keep the "raise before any change" rule.
+Compiled lazily on first call and cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "check_adoptable",
+    "common_prefix_len",
+    "decref_distinct",
+    "first_free",
+    "incref_distinct",
+    "last_busy",
+    "set_flags",
+]
+
+
+@njit(cache=True)
+def incref_distinct(rc: np.ndarray, blocks: np.ndarray) -> int:
+    """rc[b] += 1 for each b; returns -1, or the index of the first free block (nothing done)."""
+    for i in range(blocks.size):
+        if rc[blocks[i]] <= 0:
+            return i
+    for i in range(blocks.size):
+        rc[blocks[i]] += 1
+    return -1
+
+
+@njit(cache=True)
+def decref_distinct(rc: np.ndarray, blocks: np.ndarray, free: np.ndarray, top: int) -> int:
+    """rc[b] -= 1 for each b, pushing blocks that reach 0 onto ``free`` at ``top``.
+
+    Returns the new top, or ``-1 - i`` where ``blocks[i]`` is free (nothing done).
+    """
+    for i in range(blocks.size):
+        if rc[blocks[i]] <= 0:
+            return -1 - i
+    for i in range(blocks.size):
+        b = blocks[i]
+        rc[b] -= 1
+        if rc[b] == 0:
+            free[top] = b
+            top += 1
+    return top
+
+
+@njit(cache=True)
+def check_adoptable(
+    rc: np.ndarray, held: np.ndarray, blocks: np.ndarray, mark: np.ndarray, stamp: int
+) -> tuple[int, int]:
+    """(0, -1) if every block is allocated, not yet held and distinct; else (reason, index).
+
+    Reasons: 1 not allocated, 2 already held by the cache, 3 repeated. ``mark`` is
+    scratch space; ``stamp`` must differ from every value written to it before.
+    """
+    for i in range(blocks.size):
+        b = blocks[i]
+        if rc[b] <= 0:
+            return 1, i
+        if held[b]:
+            return 2, i
+        if mark[b] == stamp:
+            return 3, i
+        mark[b] = stamp
+    return 0, -1
+
+
+@njit(cache=True)
+def set_flags(flags: np.ndarray, blocks: np.ndarray, value: bool) -> None:
+    """flags[b] = value for each b."""
+    for i in range(blocks.size):
+        flags[blocks[i]] = value
+
+
+@njit(cache=True)
+def first_free(rc: np.ndarray, blocks: np.ndarray) -> int:
+    """Index of the first block out of range or with refcount 0, or -1."""
+    n = rc.size
+    for i in range(blocks.size):
+        b = blocks[i]
+        if b < 0 or b >= n or rc[b] <= 0:
+            return i
+    return -1
+
+
+@njit(cache=True)
+def last_busy(rc: np.ndarray, blocks: np.ndarray) -> int:
+    """Index of the last block with refcount > 1 (someone besides the cache holds it), or -1."""
+    for i in range(blocks.size - 1, -1, -1):
+        if rc[blocks[i]] > 1:
+            return i
+    return -1
+
+
+@njit(cache=True)
+def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays."""
+    n = min(a.size, b.size)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
