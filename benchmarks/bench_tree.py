@@ -70,15 +70,15 @@ def long_workload(rng: np.random.Generator, n: int, length: int, shared: int):
 
 def block_tables(requests, bs: int) -> tuple[list[np.ndarray], int]:
     """Give every distinct full block of tokens (by its whole prefix) one block id."""
-    ids: dict[bytes, int] = {}
+    ids: dict[tuple[int, bytes], int] = {}  # (parent block id, this block's tokens) -> id
     tables = []
     for _, tokens in requests:
         n = len(tokens) // bs
         table = np.empty(n, dtype=np.int32)
         data = tokens.tobytes()
+        parent = -1
         for i in range(n):
-            key = data[: (i + 1) * bs * 4]
-            table[i] = ids.setdefault(key, len(ids))
+            parent = table[i] = ids.setdefault((parent, data[i * bs * 4 : (i + 1) * bs * 4]), len(ids))
         tables.append(table)
     return tables, len(ids)
 

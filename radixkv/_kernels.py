@@ -13,10 +13,9 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "check_adoptable",
+    "check_insert",
     "common_prefix_len",
     "decref_distinct",
-    "first_free",
     "incref_distinct",
     "last_busy",
     "set_flags",
@@ -27,10 +26,12 @@ __all__ = [
 def incref_distinct(rc: np.ndarray, blocks: np.ndarray) -> int:
     """rc[b] += 1 for each b; returns -1, or the index of the first free block (nothing done)."""
     for i in range(blocks.size):
-        if rc[blocks[i]] <= 0:
+        b = blocks[i]
+        if rc[b] <= 0:
+            for j in range(i):  # undo: the common case pays for one pass only
+                rc[blocks[j]] -= 1
             return i
-    for i in range(blocks.size):
-        rc[blocks[i]] += 1
+        rc[b] += 1
     return -1
 
 
@@ -53,18 +54,23 @@ def decref_distinct(rc: np.ndarray, blocks: np.ndarray, free: np.ndarray, top: i
 
 
 @njit(cache=True)
-def check_adoptable(
-    rc: np.ndarray, held: np.ndarray, blocks: np.ndarray, mark: np.ndarray, stamp: int
+def check_insert(
+    rc: np.ndarray, held: np.ndarray, blocks: np.ndarray, start: int, mark: np.ndarray, stamp: int
 ) -> tuple[int, int]:
-    """(0, -1) if every block is allocated, not yet held and distinct; else (reason, index).
+    """Validate an insert's block table; (0, -1) if fine, else (reason, index).
 
-    Reasons: 1 not allocated, 2 already held by the cache, 3 repeated. ``mark`` is
-    scratch space; ``stamp`` must differ from every value written to it before.
+    Every block must be in range and allocated (reason 1); those from ``start``
+    on, which the cache would adopt, must not be held by it already (reason 2)
+    and must be distinct (reason 3). ``mark`` is scratch space; ``stamp`` must
+    differ from every value written to it before.
     """
+    n = rc.size
     for i in range(blocks.size):
         b = blocks[i]
-        if rc[b] <= 0:
+        if b < 0 or b >= n or rc[b] <= 0:
             return 1, i
+    for i in range(start, blocks.size):
+        b = blocks[i]
         if held[b]:
             return 2, i
         if mark[b] == stamp:
@@ -78,17 +84,6 @@ def set_flags(flags: np.ndarray, blocks: np.ndarray, value: bool) -> None:
     """flags[b] = value for each b."""
     for i in range(blocks.size):
         flags[blocks[i]] = value
-
-
-@njit(cache=True)
-def first_free(rc: np.ndarray, blocks: np.ndarray) -> int:
-    """Index of the first block out of range or with refcount 0, or -1."""
-    n = rc.size
-    for i in range(blocks.size):
-        b = blocks[i]
-        if b < 0 or b >= n or rc[b] <= 0:
-            return i
-    return -1
 
 
 @njit(cache=True)

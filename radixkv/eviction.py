@@ -26,7 +26,8 @@ class EvictionOrder(Protocol):
     name: str
 
     def key(self, node: _KeyedNode) -> tuple[int, ...]:
-        """Sort key of a leaf; must be cheap and a pure function of the node's fields."""
+        """Sort key of a leaf: cheap, a pure function of the node's fields, never smaller
+        after a touch (the tree re-files stale keys lazily, trusting they only grow)."""
         ...
 
 

@@ -16,7 +16,12 @@ Reference ownership (see ARCHITECTURE.md):
 
 Every leaf sits in a sorted index keyed by the eviction order, so ``evict``
 pops victims from the front instead of scanning the tree. Leaves whose blocks
-a request still holds (refcount > 1) are skipped and stay in the tree.
+a request still holds (refcount > 1) are skipped and stay in the tree. The
+index is lazy: a touch only bumps the node's clock and a leaf that gains a
+child only forgets its entry; ``evict`` re-files an entry whose key went stale
+and drops one that is no longer its node's, and the index is rebuilt when such
+dead entries outnumber the live ones. Keys never decrease on a touch, so a
+stale entry always sorts at or before where it belongs.
 """
 
 from __future__ import annotations
@@ -141,6 +146,7 @@ class RadixCache:
         self._block_bytes = self._bs * _TOKEN_BYTES
         self._roots: dict[Hashable, _Node] = {}
         self._leaves = SortedList()
+        self._num_dead = 0  # entries in _leaves whose node is no longer a leaf
         self._held = np.zeros(allocator.num_blocks, dtype=np.bool_)
         self._mark = np.zeros(allocator.num_blocks, dtype=np.int64)  # duplicate-check scratch
         self._stamp = 0
@@ -254,8 +260,6 @@ class RadixCache:
             break
         if not parts:
             return MatchResult(_EMPTY_BLOCKS, 0)
-        if node.entry is not None:
-            self._reindex(node)
         blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
         self._alloc.incref_distinct(blocks)
         num_tokens = pos // _TOKEN_BYTES
@@ -287,13 +291,6 @@ class RadixCache:
                 f"insert of {len(arr)} tokens needs {n_blocks} blocks of {bs}, got {len(blk)}"
             )
         blk = blk[:n_blocks]
-        bad = _kernels.first_free(self._alloc.refcount_array, blk)
-        if bad >= 0:
-            b = int(blk[bad])
-            if not 0 <= b < self._alloc.num_blocks:
-                raise ValueError(f"block {b} out of range: block ids must be in "
-                                 f"[0, {self._alloc.num_blocks})")
-            raise ValueError(f"block {b} is not allocated")
 
         # Walk without changing anything, so validation can still fail cleanly.
         root = self._roots.get(namespace)
@@ -316,15 +313,18 @@ class RadixCache:
             break
         num_cached = pos // bb
         new = blk[num_cached:]
-        if new.size:
-            self._stamp += 1
-            reason, i = _kernels.check_adoptable(
-                self._alloc.refcount_array, self._held, new, self._mark, self._stamp
+        self._stamp += 1
+        reason, i = _kernels.check_insert(
+            self._alloc.refcount_array, self._held, blk, num_cached, self._mark, self._stamp
+        )
+        if reason:
+            b = int(blk[i])
+            if reason == 1 and not 0 <= b < self._alloc.num_blocks:
+                raise ValueError(f"block {b} out of range [0, {self._alloc.num_blocks})")
+            raise ValueError(
+                f"block {b} " + {1: "is not allocated", 2: "is already cached at another "
+                                 "position", 3: "repeats: blocks must be distinct"}[reason]
             )
-            if reason == 2:
-                raise ValueError(f"block {int(new[i])} is already cached at another position")
-            if reason == 3:
-                raise ValueError(f"blocks must be distinct: block {int(new[i])} repeats")
 
         self._clock += 1
         clock = self._clock
@@ -343,15 +343,13 @@ class RadixCache:
                 node.last_access = clock
             leaf = _Node(data[pos:], new.copy(), node, node.depth_end + len(new) * bs, clock)
             if node.entry is not None:
-                self._unindex(node)
+                self._forget_entry(node)
             node.children[data[pos : pos + bb]] = leaf
             self._index(leaf)
             self._alloc.incref_distinct(new)
             _kernels.set_flags(self._held, new, True)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
-        elif node is not None and node.entry is not None:
-            self._reindex(node)
         return num_cached * bs
 
     # ------------------------------------------------------------------ evict
@@ -374,11 +372,18 @@ class RadixCache:
         alloc, leaves, held, bb = self._alloc, self._leaves, self._held, self._block_bytes
         rc = alloc.refcount_array
         last_busy = _kernels.last_busy
+        key = self._order.key
         freed = 0
         skipped = []
         while freed < num_blocks and leaves:
             entry = leaves.pop(0)
             node = entry[-1]
+            if node.entry is not entry:  # dead: the node gained a child or was evicted
+                self._num_dead -= 1
+                continue
+            if entry[:-2] != key(node):  # touched since filed: re-file under its new key
+                self._index(node)
+                continue
             busy = last_busy(rc, node.blocks)
             if busy >= 0:
                 keep = busy + 1
@@ -413,6 +418,7 @@ class RadixCache:
         self._held[:] = False
         self._roots.clear()
         self._leaves.clear()
+        self._num_dead = 0
         self._num_cached = 0
 
     # ------------------------------------------------------------- internals
@@ -451,13 +457,14 @@ class RadixCache:
         node.entry = (*self._order.key(node), self._uid, node)
         self._leaves.add(node.entry)
 
-    def _unindex(self, node: _Node) -> None:
-        self._leaves.remove(node.entry)
+    def _forget_entry(self, node: _Node) -> None:
+        """``node`` stops being a leaf: its entry turns dead (dropped when popped)."""
         node.entry = None
-
-    def _reindex(self, node: _Node) -> None:
-        self._unindex(node)
-        self._index(node)
+        self._num_dead += 1
+        if self._num_dead > 64 and self._num_dead > 2 * (len(self._leaves) - self._num_dead):
+            live = [e for e in self._leaves if e[-1].entry is e]
+            self._leaves = SortedList(live)
+            self._num_dead = 0
 
     def _iter_nodes(self) -> Iterator[_Node]:
         for root in self._roots.values():
@@ -497,9 +504,11 @@ class RadixCache:
                     else:
                         leaves += 1
                         assert node.entry is not None, "a leaf is missing from the leaf index"
-                        assert node.entry[:-2] == self._order.key(node), "stale leaf-index key"
+                        assert node.entry[:-2] <= self._order.key(node), "leaf-index key too big"
                         assert node.entry in self._leaves
-        assert leaves == len(self._leaves), "leaf index holds nodes no longer leaves"
+        dead = sum(1 for e in self._leaves if e[-1].entry is not e)
+        assert dead == self._num_dead, "dead leaf-index entries miscounted"
+        assert leaves == len(self._leaves) - dead, "leaf index misses leaves or has extras"
         blocks = np.concatenate(seen_blocks) if seen_blocks else _EMPTY_BLOCKS
         assert len(np.unique(blocks)) == len(blocks), "a block is held by two nodes"
         assert len(blocks) == self._num_cached, "cached_blocks count is off"

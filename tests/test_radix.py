@@ -197,7 +197,7 @@ def test_insert_bad_blocks_raise_before_any_change() -> None:
     cases = [
         ([9, 9, 9, 9], mine[:1], "needs 2 blocks"),  # too few
         ([9, 9, 9, 9], [mine[0], 63], "not allocated"),  # a free block
-        ([9, 9, 9, 9], [mine[0], 64], "block ids must be in"),  # out of range
+        ([9, 9, 9, 9], [mine[0], 64], "out of range"),
         ([9, 9, 9, 9], [mine[0], mine[0]], "distinct"),  # repeated
         ([9, 9, 9, 9], [mine[0], tree_blocks[0]], "already cached"),  # cached elsewhere
     ]
