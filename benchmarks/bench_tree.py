@@ -78,7 +78,8 @@ def block_tables(requests, bs: int) -> tuple[list[np.ndarray], int]:
         data = tokens.tobytes()
         parent = -1
         for i in range(n):
-            parent = table[i] = ids.setdefault((parent, data[i * bs * 4 : (i + 1) * bs * 4]), len(ids))
+            key = (parent, data[i * bs * 4 : (i + 1) * bs * 4])
+            parent = table[i] = ids.setdefault(key, len(ids))
         tables.append(table)
     return tables, len(ids)
 
@@ -192,7 +193,8 @@ def memory_row(name: str, requests, tables, n_ids: int, bs: int, cached: int) ->
     tracemalloc.stop()
     return {
         "workload": name, "block_size": bs, "op": "memory", "requests": len(requests),
-        "tokens": cached * bs, "bytes_per_block": used / cached, "bytes_per_token": used / (cached * bs),
+        "tokens": cached * bs, "bytes_per_block": used / cached,
+        "bytes_per_token": used / (cached * bs),
         "nodes": cache.num_nodes,
     }
 

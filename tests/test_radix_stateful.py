@@ -60,7 +60,9 @@ class Request:
 class RadixMachine(RuleBasedStateMachine):
     requests = Bundle("requests")
 
-    @initialize(block_size=st.sampled_from([1, 2, 4, 16]), eviction=st.sampled_from(["level", "lru"]))
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4, 16]), eviction=st.sampled_from(["level", "lru"])
+    )
     def setup(self, block_size: int, eviction: str) -> None:
         self.bs = block_size
         self.alloc = BlockAllocator(num_blocks=NUM_BLOCKS, block_size=block_size)
@@ -143,7 +145,8 @@ class RadixMachine(RuleBasedStateMachine):
         got = self.cache.insert(as_input(req.tokens, kind), req.blocks, namespace=req.namespace)
         assert got == want_cached
         for k in range(1, n_full + 1):
-            self.cached.setdefault((req.namespace, tuple(req.tokens[: k * self.bs])), req.blocks[k - 1])
+            prefix = (req.namespace, tuple(req.tokens[: k * self.bs]))
+            self.cached.setdefault(prefix, req.blocks[k - 1])
 
     @rule(req=consumes(requests), kind=st.sampled_from(INPUT_TYPES))
     def finish_request(self, req: Request, kind: str) -> None:
@@ -179,7 +182,8 @@ class RadixMachine(RuleBasedStateMachine):
         assert len(gone) == freed
         assert gone <= evictable, "evicted a block a request holds, or an ancestor of one"
         for k in gone:  # prefix-closed: what goes takes its extensions with it
-            assert all(not (u[0] == k[0] and u[1][: len(k[1])] == k[1]) for u in before.keys() - gone)
+            kept = before.keys() - gone
+            assert all(not (u[0] == k[0] and u[1][: len(k[1])] == k[1]) for u in kept)
         if len(evictable) >= n:
             assert freed >= n
         else:
@@ -206,7 +210,8 @@ class RadixMachine(RuleBasedStateMachine):
         for b in range(NUM_BLOCKS):
             want = (b in held) + self.request_refs[b]
             assert self.alloc.refcount(b) == want, (b, self.alloc.refcount(b), want)
-        assert self.alloc.num_free == sum(1 for b in range(NUM_BLOCKS) if b not in held and not self.request_refs[b])
+        free = [b for b in range(NUM_BLOCKS) if b not in held and not self.request_refs[b]]
+        assert self.alloc.num_free == len(free)
 
     def teardown(self) -> None:
         if not hasattr(self, "alloc"):
