@@ -1,0 +1,28 @@
+"""Trace replay: Mooncake ``hash_ids`` traces through LRU, LFU, S3FIFO and the radix tree.
+
+>>> from radixkv.replay import replay
+>>> reqs = [{"timestamp": 0, "input_length": 700, "output_length": 1, "hash_ids": [1, 2]},
+...         {"timestamp": 1, "input_length": 900, "output_length": 1, "hash_ids": [1, 2]}]
+>>> r = replay(reqs, "lru", capacity=4)
+>>> r.hit_tokens.tolist(), r.total_hit_tokens, r.final_cache_blocks
+([0, 900], 900, 2)
+
+No torch import: replay runs on numpy arrays and numba kernels.
+"""
+
+from radixkv.replay.config import FLAT_POLICIES, POLICIES, RADIX_POLICIES, ReplayConfig
+from radixkv.replay.replay import ReplayResult, replay
+from radixkv.replay.trace import Request, Trace, TraceError, load_trace
+
+__all__ = [
+    "FLAT_POLICIES",
+    "POLICIES",
+    "RADIX_POLICIES",
+    "ReplayConfig",
+    "ReplayResult",
+    "Request",
+    "Trace",
+    "TraceError",
+    "load_trace",
+    "replay",
+]

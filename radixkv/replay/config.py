@@ -1,0 +1,96 @@
+"""ReplayConfig: one validated set of replay parameters (policy, capacity, block size, S3FIFO)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+__all__ = ["FLAT_POLICIES", "POLICIES", "RADIX_POLICIES", "ReplayConfig"]
+
+FLAT_POLICIES: tuple[str, ...] = ("lru", "lfu", "s3fifo")
+RADIX_POLICIES: tuple[str, ...] = ("radix-level", "radix-lru")
+POLICIES: tuple[str, ...] = FLAT_POLICIES + RADIX_POLICIES
+
+# block_size * (blocks in a request) must stay far inside int64.
+_MAX_BLOCK_SIZE = 2**31 - 1
+_MAX_CAPACITY = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Parameters of one replay. Frozen; ``__post_init__`` raises ``TypeError``/``ValueError``
+    naming the field and value.
+
+    - ``policy``: one of ``POLICIES``.
+    - ``capacity``: cache size in blocks, >= 1.
+    - ``block_size``: tokens per block (hash id), >= 1; hit tokens are
+      ``min(hit_blocks * block_size, input_length)``.
+    - ``small_ratio``: S3FIFO's small-queue share, 0 < small_ratio < 1;
+      ``small_cap = round(capacity * small_ratio)`` (Python's banker's ``round``).
+    - ``max_freq``: S3FIFO's saturating frequency cap, >= 0.
+
+    The S3FIFO fields are validated for every policy, but only S3FIFO reads
+    them; for S3FIFO, a capacity that leaves the small or main queue empty is
+    a ``ValueError``.
+
+    >>> ReplayConfig("s3fifo", 4096).small_cap
+    410
+    """
+
+    policy: str
+    capacity: int
+    block_size: int = 512
+    small_ratio: float = 0.1
+    max_freq: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        for name, low, high in (
+            ("capacity", 1, _MAX_CAPACITY),
+            ("block_size", 1, _MAX_BLOCK_SIZE),
+            ("max_freq", 0, 2**62),
+        ):
+            object.__setattr__(self, name, _checked_int(name, getattr(self, name), low, high))
+        ratio = self.small_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
+            raise TypeError(f"small_ratio must be a number, got {type(ratio).__name__}")
+        ratio = float(ratio)
+        object.__setattr__(self, "small_ratio", ratio)
+        if not (math.isfinite(ratio) and 0.0 < ratio < 1.0):
+            raise ValueError(f"small_ratio must be in (0, 1), got {ratio!r}")
+        if self.policy == "s3fifo":
+            if self.small_cap < 1:
+                raise ValueError(
+                    f"capacity={self.capacity} with small_ratio={ratio!r} leaves the S3FIFO small "
+                    f"queue empty (round({self.capacity} * {ratio!r}) = {self.small_cap})"
+                )
+            if self.main_cap < 1:
+                raise ValueError(
+                    f"capacity={self.capacity} with small_ratio={ratio!r} leaves the S3FIFO main "
+                    f"queue empty (small_cap = {self.small_cap})"
+                )
+
+    @property
+    def small_cap(self) -> int:
+        """S3FIFO small-queue size: ``round(capacity * small_ratio)``, banker's rounding."""
+        return round(self.capacity * self.small_ratio)
+
+    @property
+    def main_cap(self) -> int:
+        """S3FIFO main-queue size: ``capacity - small_cap``."""
+        return self.capacity - self.small_cap
+
+    @property
+    def ghost_cap(self) -> int:
+        """S3FIFO ghost-queue size: ``main_cap`` (not ``small_cap``)."""
+        return self.main_cap
+
+
+def _checked_int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return int(value)
