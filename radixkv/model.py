@@ -1,0 +1,366 @@
+"""A small Llama-family decoder that reads and writes a paged KV pool.
+
+Token embedding, RMSNorm (computed in float32), rotary embeddings (Hugging Face
+Llama's ``rotate_half`` layout), grouped-query attention, SwiGLU MLP; optional
+per-head q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2); tied or untied LM head.
+Parameter names mirror Hugging Face's (without the ``model.`` prefix) so
+checkpoints load by name (:mod:`radixkv.loading`).
+
+``Decoder.forward`` runs one scheduler step (:class:`ForwardBatch`): it writes
+every new token's K/V into the pool at ``slot_mapping`` and attends over each
+sequence's context through its block table. ``Decoder.forward_dense`` is the
+no-cache reference for one sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from radixkv.attention import (
+    ATTENTION_BACKENDS,
+    AttentionMetadata,
+    dense_causal_attention,
+    paged_attention,
+    validate_batch,
+)
+from radixkv.forward_batch import ForwardBatch
+from radixkv.kvpool import KVPool
+
+__all__ = ["Decoder", "ModelConfig", "from_pretrained", "random_model"]
+
+# Measured on CPU (benchmarks/bench_attention.py): "loop" is fastest or tied everywhere;
+# "padded"/"varlen" are 2-12x slower per step once a prefill chunk shares the batch.
+DEFAULT_ATTENTION_BACKEND = "loop"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and options of a Llama-family decoder.
+
+    ``qkv_bias``: biases on q/k/v projections (Qwen2); ``o_bias``/``mlp_bias``:
+    on the output projection / MLP (Llama's ``attention_bias`` sets both
+    ``qkv_bias`` and ``o_bias``); ``qk_norm``: per-head RMSNorm on q and k
+    before RoPE (Qwen3).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self)[:7]:
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{f.name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        for name in ("tie_word_embeddings", "qk_norm", "qkv_bias", "o_bias", "mlp_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.num_heads // self.num_kv_heads
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` created zero-filled: the random init is wasted work before loading."""
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` created zero-filled (see :class:`Linear`)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / rms(x)``, the normalisation in float32 (as Hugging Face does)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos``/``sin`` ``[T, 1, head_dim]`` for ``rotate_half`` RoPE, angles computed in float32."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
+    inv_freq = 1.0 / (theta ** (exponent / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((angles, angles), dim=-1)[:, None, :]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (``[T, heads, d]``): first half pairs with second half (``rotate_half``)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        h = cfg.hidden_size
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = Linear(h, q_dim, bias=cfg.qkv_bias)
+        self.k_proj = Linear(h, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = Linear(h, kv_dim, bias=cfg.qkv_bias)
+        self.o_proj = Linear(q_dim, h, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projected, normed and rotated ``q`` ``[T, H, d]``, ``k`` and ``v`` ``[T, Hkv, d]``."""
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = Linear(h, i, bias=cfg.mlp_bias)
+        self.up_proj = Linear(h, i, bias=cfg.mlp_bias)
+        self.down_proj = Linear(i, h, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+
+class Decoder(nn.Module):
+    """Llama-family decoder over a paged KV pool; inference only (no autograd).
+
+    A new ``Decoder`` has zero weights (norm weights one): fill it with
+    :func:`random_model` or :func:`from_pretrained`. It lives on CPU in float32
+    until moved (``.to(device, dtype)``).
+    ``attention_backend`` picks the paged attention implementation
+    (:data:`radixkv.attention.ATTENTION_BACKENDS`); all give the same result.
+    """
+
+    def __init__(self, config: ModelConfig, attention_backend: str = DEFAULT_ATTENTION_BACKEND):
+        super().__init__()
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}"
+            )
+        self.config = config
+        self.attention_backend = attention_backend
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def make_kv_pool(
+        self,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVPool:
+        """A zeroed pool shaped for this model, by default in its dtype and on its device."""
+        c = self.config
+        return KVPool(
+            c.num_layers,
+            num_blocks,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+            dtype=dtype or self.dtype,
+            device=device if device is not None else self.device,
+        )
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.norm(h)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return nn.functional.linear(h, weight).float()
+
+    def _block(self, layer: DecoderLayer, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        h = x + layer.self_attn.o_proj(attn_out)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        """One step; float32 logits ``[num_seqs, vocab]`` of each sequence's last new token.
+
+        Writes each new token's K/V at ``batch.slot_mapping`` in every layer of
+        ``kv`` (the only mutation) and reads contexts through ``batch.block_tables``.
+        Batch tensors may live on any device; work happens on ``kv.device``
+        (which must be the model's). Raises ``ValueError`` before touching the
+        pool if the batch is inconsistent: lengths, ``positions`` not
+        ``[context_len - query_len, context_len)``, ``slot_mapping`` not the
+        block tables' slots for them, a block id outside the pool (these three
+        cost one device sync), or a pool shaped for another model.
+        """
+        c = self.config
+        validate_batch(batch)
+        if (kv.num_layers, kv.num_kv_heads, kv.head_dim) != (
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+        ):
+            raise ValueError(f"{kv!r} does not fit {c}")
+        device = kv.device
+        meta = AttentionMetadata.build(
+            batch, kv.block_size, c.group_size, self.attention_backend, device
+        )
+        positions = batch.positions.to(device)
+        slot_mapping = batch.slot_mapping.to(device)
+        checks = torch.stack(
+            [
+                (positions != meta.new_positions).any(),
+                (slot_mapping != meta.new_slots).any(),
+                (meta.ctx_slots < 0).any() | (meta.ctx_slots >= kv.num_slots).any(),
+            ]
+        ).tolist()  # the one device sync of a step
+        for failed, what in zip(checks, ("positions", "slot_mapping", "block_tables"), strict=True):
+            if failed:
+                raise ValueError(
+                    f"batch.{what} disagrees with context_lens/block_tables/the pool's "
+                    f"{kv.num_blocks} blocks"
+                )
+        x = self.embed_tokens(batch.input_ids.to(device))
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
+            kv.write(i, slot_mapping, k, v)
+            attn = paged_attention(q.to(kv.dtype), kv.k[i], kv.v[i], meta).to(x.dtype)
+            x = self._block(layer, x, attn)
+        last = torch.tensor(batch.query_lens, device=x.device).cumsum(0) - 1
+        return self._logits(x.index_select(0, last))
+
+    @torch.no_grad()
+    def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Reference forward of one sequence, no cache: float32 logits ``[T, vocab]``."""
+        if input_ids.dim() != 1 or input_ids.numel() == 0:
+            raise ValueError(f"input_ids must be a non-empty 1-D tensor, got {input_ids.shape}")
+        c = self.config
+        x = self.embed_tokens(input_ids.to(self.device))
+        positions = torch.arange(x.shape[0], device=x.device)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+        for layer in self.layers:
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
+            x = self._block(layer, x, dense_causal_attention(q, k, v))
+        return self._logits(x)
+
+    @torch.no_grad()
+    def greedy_dense(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
+        """Greedy continuation by recomputing the dense forward each step (a slow reference)."""
+        ids = input_ids.to(self.device).long()
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            nxt = int(self.forward_dense(ids)[-1].argmax())
+            out.append(nxt)
+            ids = torch.cat([ids, ids.new_tensor([nxt])])
+        return out
+
+
+def random_model(
+    config: ModelConfig,
+    seed: int = 0,
+    std: float | None = None,
+    attention_backend: str = DEFAULT_ATTENTION_BACKEND,
+) -> Decoder:
+    """A decoder with reproducible random weights, float32 on CPU.
+
+    Weights and biases are ``N(0, std)`` with ``std = 1.5 / sqrt(hidden_size)``
+    by default (so attention scores have spread ~1-4: far from uniform, unlike
+    Hugging Face's 0.02, which hides RoPE and GQA bugs); embeddings ``N(0, 1)``;
+    norm weights ``U(0.5, 1.5)``.
+    """
+    if std is not None and not std > 0:
+        raise ValueError(f"std must be positive, got {std!r}")
+    std = 1.5 / math.sqrt(config.hidden_size) if std is None else std
+    model = Decoder(config, attention_backend)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+            elif name == "embed_tokens.weight":
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model.eval()
+
+
+def from_pretrained(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Decoder:
+    """Load a local Hugging Face directory or GGUF file; see :mod:`radixkv.loading`."""
+    from radixkv.loading import from_pretrained as load
+
+    return load(path, dtype=dtype, device=device)

