@@ -5,7 +5,17 @@ arrays and plain ints; torch is imported only by the KV pool, model and engine.
 """
 
 from radixkv.allocator import BlockAllocator, OutOfBlocks
+from radixkv.hashcache import HashBlockCache
+from radixkv.prefix_cache import PrefixCache
 from radixkv.radix import CacheStats, MatchResult, RadixCache
 
-__all__ = ["BlockAllocator", "CacheStats", "MatchResult", "OutOfBlocks", "RadixCache"]
+__all__ = [
+    "BlockAllocator",
+    "CacheStats",
+    "HashBlockCache",
+    "MatchResult",
+    "OutOfBlocks",
+    "PrefixCache",
+    "RadixCache",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,406 @@
+"""HashBlockCache: vLLM-style prefix caching with chained block hashes.
+
+Each full block of a request is named by ``H(parent name, block tokens, extra
+keys)`` (``radixkv.block_hash``); a dict maps name -> block. Lookup walks the
+names left to right and stops at the first miss. Only full blocks are named.
+The namespace enters the first block's extra keys, so different namespaces
+never share a block.
+
+How vLLM's lifecycle maps onto radixkv's ownership contract
+------------------------------------------------------------
+In vLLM the block pool owns refcounts and sees every release. Here the caller
+releases a request's references with ``allocator.decref``, which the cache
+never sees. So, like the radix tree, the cache holds one reference on every
+block it caches, and:
+
+- vLLM's "free queue" = the cached blocks whose refcount is exactly 1 (only
+  the cache holds them). All cached blocks sit in one ordered queue (an
+  ``OrderedDict`` block -> name: a C doubly linked list with O(1) removal from
+  the middle and O(1) append); the ones with refcount > 1 are "live" and
+  ``evict`` skips them where it meets them.
+- vLLM's "touch" (a hit pulls a block out of the free queue) = ``match`` moves
+  every matched block to the tail. A running request's blocks thus sit at the
+  tail while it runs, far from the head.
+- vLLM's "free a finished request, tail-first" = ``insert``, which the serving
+  loop calls as a request finishes (ARCHITECTURE.md's data flow): it moves the
+  request's whole chain to the tail deepest block first, so the request's
+  unique tail is nearest the head (evicted first) and the shared root the
+  furthest (evicted last). Because every match and insert touches a chain from
+  its root, a parent always sits behind all its children in the queue: with
+  no in-use blocks, ``evict`` takes leaves first, like the radix tree.
+- vLLM's "evict when the allocator reuses the block" = ``evict(k)``, which the
+  serving loop calls when the pool runs short: it takes the first ``k``
+  blocks with refcount 1 from the head, removes their names and gives back the
+  cache's reference (freeing them). O(k) plus the in-use blocks it skips.
+
+A block can outlive its parent's name (when a parent is evicted before a
+child that a request held). Its name stays valid because names depend on
+content only: once the parent prefix is cached again, the child is reachable
+again. Until then it is unreachable but still evictable, so nothing leaks.
+
+For ``hash_fn="builtin"`` (64-bit, collisions possible) and callables, the
+cache keeps each block's token bytes and checks them on every name hit; a
+mismatch counts as a miss, and ``insert`` stops caching at that block.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from dataclasses import replace
+from itertools import islice
+
+import numpy as np
+
+from radixkv.allocator import BlockAllocator, as_block_array
+from radixkv.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
+from radixkv.radix import CacheStats, MatchResult
+from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
+
+__all__ = ["HashBlockCache"]
+
+_TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
+_EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
+
+
+class HashBlockCache:
+    """Block-level prefix cache over a ``BlockAllocator`` keyed by chained block hashes.
+
+    Same public surface and ownership rules as ``RadixCache``
+    (``radixkv.prefix_cache.PrefixCache``). ``hash_fn`` is ``"sha256"``,
+    ``"xxhash"``, ``"builtin"`` or a callable ``f(parent, block_bytes, extra)``;
+    ``hash_seed`` (str, bytes or int) fixes the root name so names are stable
+    across processes (sha256 / xxhash); None draws a random root.
+
+    >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
+    >>> cache = HashBlockCache(alloc, hash_seed=0)
+    >>> blocks = alloc.alloc(2)
+    >>> cache.insert([1, 2, 3, 4, 5], blocks)      # caches 2 full blocks
+    0
+    >>> alloc.decref(blocks)                       # the request lets go; the cache keeps them
+    0
+    >>> m = cache.match([1, 2, 3, 9])
+    >>> m.blocks, m.num_tokens
+    ([0], 2)
+    >>> alloc.decref(m.blocks)
+    0
+    """
+
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        hash_fn: str | NameFn = "sha256",
+        hash_seed: str | bytes | int | None = None,
+    ) -> None:
+        if not isinstance(allocator, BlockAllocator):
+            raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        self._hasher = BlockHasher(hash_fn, hash_seed)
+        self._alloc = allocator
+        self._bs = allocator.block_size
+        self._bb = self._bs * _TOKEN_BYTES
+        self._verify = self._hasher.verifies_tokens
+        self._by_name: dict[BlockName, int] = {}
+        # Every cached block, head = evicted first. Values are the blocks' names.
+        self._queue: OrderedDict[int, BlockName] = OrderedDict()
+        self._tokens: dict[int, bytes] = {}  # block -> its token bytes, only when verifying
+        self._held = np.zeros(allocator.num_blocks, dtype=bool)
+        self._ns_extra: dict[Hashable, bytes] = {None: b""}
+        self._ns_taken: set[bytes] = {b""}
+        self._stats = CacheStats()
+        # The names the last match computed: (extra, token bytes they cover, names). The
+        # serving loop inserts right after it matched, so insert re-hashes nothing it named.
+        self._memo: tuple[bytes, bytes, list[BlockName]] = (b"", b"", [])
+
+    # ----------------------------------------------------------- properties
+    @property
+    def allocator(self) -> BlockAllocator:
+        return self._alloc
+
+    @property
+    def block_size(self) -> int:
+        return self._bs
+
+    @property
+    def hash_fn(self) -> str | NameFn:
+        return self._hasher.hash_fn
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks the cache holds a reference on (reachable or not). Complexity: O(1)."""
+        return len(self._queue)
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Cached blocks no request holds (refcount 1): what ``evict`` could free now.
+
+        Where requests hold whole chains from the root (the serving loop's
+        case) this equals the tree's count. Unlike the tree, a block counts even
+        when a request holds one of its descendants only; evicting it leaves
+        that descendant named but unreachable until the prefix returns.
+        Complexity: O(num_blocks), vectorised.
+        """
+        held = np.flatnonzero(self._held)
+        return int(np.count_nonzero(self._alloc.refcounts(held) == 1))
+
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of the counters."""
+        return replace(self._stats)
+
+    # ------------------------------------------------------------------ names
+    def block_names(self, tokens: TokenSeq, namespace: Hashable = None) -> list[BlockName]:
+        """Names of the full blocks of ``tokens`` under ``namespace`` (for events and routers).
+
+        Read-only: an unseen namespace is not registered. Complexity: O(len(tokens)).
+        """
+        arr = as_token_array(tokens)
+        extra = self._ns_extra.get(_hashable(namespace))
+        if extra is None:
+            extra = self._derive_extra(namespace)
+        n = len(arr) // self._bs
+        return self._hasher.chain(arr[: n * self._bs].tobytes(), self._bb, extra)
+
+    def _derive_extra(self, namespace: Hashable) -> bytes:
+        extra = namespace_bytes(namespace)
+        if extra in self._ns_taken:  # an unequal namespace with the same repr: disambiguate
+            i = 1
+            while extra + b"#%d" % i in self._ns_taken:
+                i += 1
+            extra += b"#%d" % i
+        return extra
+
+    # ------------------------------------------------------------------ match
+    def match(self, tokens: TokenSeq, namespace: Hashable = None) -> MatchResult:
+        """Longest cached block-aligned prefix of ``tokens`` under ``namespace``.
+
+        Walks the chain of names from the first block and stops at the first
+        miss (or, when verifying, the first name hit whose tokens differ). The
+        caller receives one reference on each returned block and must
+        ``decref`` it. Matched blocks move to the queue tail, deepest first.
+        Raises ``TypeError``/``ValueError`` on bad input, before any change.
+
+        Complexity: O(matched blocks + 1) hashes and dict lookups.
+        """
+        arr = as_token_array(tokens)
+        extra = self._ns_extra.get(_hashable(namespace))
+        bs, bb = self._bs, self._bb
+        n = len(arr) // bs
+        stats = self._stats
+        stats.num_matches += 1
+        stats.query_tokens += len(arr)
+        by_name = self._by_name
+        if n == 0 or extra is None or not by_name:
+            return MatchResult(_EMPTY_BLOCKS, 0)
+        data = arr[: n * bs].tobytes()
+        name_fn = self._hasher.name
+        get = by_name.get
+        found: list[int] = []
+        append = found.append
+        names: list[BlockName] = []
+        parent = self._hasher.root
+        verify = self._tokens if self._verify else None
+        first_extra = extra
+        for start in range(0, n * bb, bb):
+            chunk = data[start : start + bb]
+            parent = name_fn(parent, chunk, extra)
+            names.append(parent)
+            extra = b""
+            block = get(parent)
+            if block is None or (verify is not None and verify[block] != chunk):
+                break
+            append(block)
+        self._memo = (first_extra, data[: len(names) * bb], names)
+        if not found:
+            return MatchResult(_EMPTY_BLOCKS, 0)
+        move = self._queue.move_to_end
+        for block in reversed(found):
+            move(block)
+        blocks = np.array(found, dtype=np.int32)
+        self._alloc.incref_distinct(blocks)
+        num_tokens = len(found) * bs
+        stats.hit_tokens += num_tokens
+        return MatchResult(blocks, num_tokens)
+
+    # ----------------------------------------------------------------- insert
+    def insert(self, tokens: TokenSeq, blocks: Iterable[int], namespace: Hashable = None) -> int:
+        """Cache the full blocks of ``tokens``; return how many leading tokens were cached already.
+
+        ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``; at least
+        ``len(tokens) // block_size`` entries, each allocated. The cache adopts
+        (takes its own reference on) the block at every position whose name it
+        lacks, and never touches the caller's references: the caller still owns
+        and must ``decref`` all of ``blocks``. The request's chain then moves to
+        the queue tail deepest first (the vLLM release order). Raises
+        ``ValueError`` (too few blocks, a free or out-of-range block, a
+        repeated block, or a block already cached under another name) and
+        ``TypeError``, before any change.
+
+        Complexity: O(full blocks) hashes and dict operations.
+        """
+        arr = as_token_array(tokens)
+        ns = _hashable(namespace)
+        bs, bb = self._bs, self._bb
+        n = len(arr) // bs
+        blk = as_block_array(blocks)
+        if len(blk) < n:
+            raise ValueError(
+                f"insert of {len(arr)} tokens needs {n} blocks of {bs}, got {len(blk)}"
+            )
+        blk = blk[:n]
+        if n and (blk.min() < 0 or blk.max() >= self._alloc.num_blocks):
+            raise ValueError(f"block ids must be in [0, {self._alloc.num_blocks})")
+        rcs = self._alloc.refcounts(blk)
+        if (rcs <= 0).any():
+            raise ValueError(f"block {int(blk[np.argmax(rcs <= 0)])} is not allocated")
+        extra = self._ns_extra.get(ns)
+        new_ns = extra is None
+        if new_ns:
+            extra = self._derive_extra(ns)
+
+        # Name every block and look it up, without changing anything, so validation can
+        # still fail cleanly.
+        by_name = self._by_name
+        data = arr[: n * bs].tobytes()
+        memo_extra, memo_data, memo_names = self._memo
+        known = memo_names if memo_extra == extra and data.startswith(memo_data) else None
+        names = self._hasher.chain(data, bb, extra, known)
+        get = by_name.get
+        found = [get(name) for name in names]
+        if self._verify:  # stop at a name collision: nothing past it can be named safely
+            tokens_of = self._tokens
+            seen: set[BlockName] = set()
+            for i, block in enumerate(found):
+                if block is None:
+                    collides = names[i] in seen  # two new blocks of this request, one name
+                    seen.add(names[i])
+                else:
+                    collides = tokens_of[block] != data[i * bb : (i + 1) * bb]
+                if collides:
+                    del names[i:], found[i:]
+                    break
+        adopt = [i for i, block in enumerate(found) if block is None]
+        num_cached = adopt[0] if adopt else len(found)
+        blk_list = blk.tolist()
+        new = np.array([blk_list[i] for i in adopt], dtype=np.int32)
+        if new.size:
+            if new.size > 1 and len(np.unique(new)) != new.size:
+                raise ValueError("blocks must be distinct")
+            held = self._held[new]
+            if held.any():
+                raise ValueError(
+                    f"block {int(new[np.argmax(held)])} is already cached under another name"
+                )
+
+        stats = self._stats
+        stats.num_inserts += 1
+        if new_ns and new.size:
+            self._ns_extra[ns] = extra
+            self._ns_taken.add(extra)
+        queue = self._queue
+        move = queue.move_to_end
+        for i in range(len(found) - 1, -1, -1):  # deepest first: the root ends at the tail
+            block = found[i]
+            if block is None:
+                block = blk_list[i]
+                name = names[i]
+                by_name[name] = block
+                queue[block] = name
+                if self._verify:
+                    self._tokens[block] = data[i * bb : (i + 1) * bb]
+            else:
+                move(block)
+        if new.size:
+            self._alloc.incref_distinct(new)
+            self._held[new] = True
+            stats.inserted_tokens += int(new.size) * bs
+        return num_cached * bs
+
+    # ------------------------------------------------------------------ evict
+    def evict(self, num_blocks: int) -> int:
+        """Free ``min(num_blocks, evictable_blocks)`` cached blocks from the queue head.
+
+        Blocks a request holds (refcount > 1) are skipped and stay cached.
+        Returns the number of blocks freed.
+
+        Complexity: O(num_blocks + skipped in-use blocks), refcounts read in
+        vectorised chunks.
+        """
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
+            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        queue = self._queue
+        if num_blocks == 0 or not queue:
+            return 0
+        rc = self._alloc.refcounts
+        keys = iter(queue)
+        victims: list[np.ndarray] = []
+        need = int(num_blocks)
+        chunk = max(need, 16)
+        while need > 0:
+            part = np.fromiter(islice(keys, chunk), dtype=np.int32)
+            if not part.size:
+                break
+            free_now = part[rc(part) == 1][:need]
+            victims.append(free_now)
+            need -= len(free_now)
+            chunk *= 2
+        del keys
+        out = np.concatenate(victims) if victims else _EMPTY_BLOCKS
+        by_name, tokens_of = self._by_name, self._tokens
+        for block in out.tolist():
+            del by_name[queue.pop(block)]
+            tokens_of.pop(block, None)
+        self._held[out] = False
+        freed = self._alloc.decref_distinct(out)
+        self._stats.evicted_blocks += freed
+        return freed
+
+    def reset(self) -> None:
+        """Drop the cache's reference on every block it holds and forget every name.
+
+        Blocks no request holds become free; requests keep theirs. Stats are kept.
+        Complexity: O(cached blocks).
+        """
+        held = np.flatnonzero(self._held).astype(np.int32)
+        self._alloc.decref_distinct(held)
+        self._held[:] = False
+        self._by_name.clear()
+        self._queue.clear()
+        self._tokens.clear()
+
+    # ------------------------------------------------------------ inspection
+    def check(self) -> None:
+        """Assert every invariant: the name map, the queue and the held map agree.
+
+        Complexity: O(cached blocks + num_blocks).
+        """
+        queue, by_name = self._queue, self._by_name
+        assert len(queue) == len(by_name), "name map and queue differ in size"
+        for block, name in queue.items():
+            assert by_name.get(name) == block, "a queued block's name maps elsewhere"
+        blocks = np.fromiter(queue.keys(), dtype=np.int32, count=len(queue))
+        held = np.zeros_like(self._held)
+        held[blocks] = True
+        assert (held == self._held).all(), "held-block map disagrees with the queue"
+        assert (self._alloc.refcounts(blocks) >= 1).all(), "the cache holds a free block"
+        if self._verify:
+            assert self._tokens.keys() == queue.keys(), "token bytes missing for a block"
+            assert all(len(t) == self._bb for t in self._tokens.values()), "bad token bytes"
+        else:
+            assert not self._tokens, "token bytes kept without verification"
+        self._alloc.check()
+
+    def __repr__(self) -> str:
+        return (
+            f"HashBlockCache(block_size={self._bs}, hash_fn={self._hasher.hash_fn!r}, "
+            f"cached_blocks={len(self._queue)})"
+        )
+
+
+def _hashable(namespace: object) -> Hashable:
+    try:
+        hash(namespace)
+    except TypeError:
+        raise TypeError(f"namespace must be hashable, got {type(namespace).__name__}") from None
+    return namespace
