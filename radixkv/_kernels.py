@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "check_insert",
+    "claim_for_insert",
     "common_prefix_len",
     "decref_distinct",
     "incref_distinct",
@@ -54,15 +54,13 @@ def decref_distinct(rc: np.ndarray, blocks: np.ndarray, free: np.ndarray, top: i
 
 
 @njit(cache=True)
-def check_insert(
-    rc: np.ndarray, held: np.ndarray, blocks: np.ndarray, start: int, mark: np.ndarray, stamp: int
-) -> tuple[int, int]:
-    """Validate an insert's block table; (0, -1) if fine, else (reason, index).
+def claim_for_insert(rc: np.ndarray, held: np.ndarray, blocks: np.ndarray, start: int) -> tuple:
+    """Validate an insert's block table and mark the blocks it adopts as held.
 
     Every block must be in range and allocated (reason 1); those from ``start``
-    on, which the cache would adopt, must not be held by it already (reason 2)
-    and must be distinct (reason 3). ``mark`` is scratch space; ``stamp`` must
-    differ from every value written to it before.
+    on, which the cache adopts, must not be held by it already (reason 2) and
+    must be distinct (reason 3). Returns (0, -1) with ``held`` set for
+    ``blocks[start:]``, or (reason, index) with ``held`` exactly as it was.
     """
     n = rc.size
     for i in range(blocks.size):
@@ -72,10 +70,14 @@ def check_insert(
     for i in range(start, blocks.size):
         b = blocks[i]
         if held[b]:
-            return 2, i
-        if mark[b] == stamp:
-            return 3, i
-        mark[b] = stamp
+            reason = 2
+            for j in range(start, i):  # set by this call: a repeat, not an old holding
+                if blocks[j] == b:
+                    reason = 3
+            for j in range(start, i):
+                held[blocks[j]] = False
+            return reason, i
+        held[b] = True
     return 0, -1
 
 

@@ -148,8 +148,6 @@ class RadixCache:
         self._leaves = SortedList()
         self._num_dead = 0  # entries in _leaves whose node is no longer a leaf
         self._held = np.zeros(allocator.num_blocks, dtype=np.bool_)
-        self._mark = np.zeros(allocator.num_blocks, dtype=np.int64)  # duplicate-check scratch
-        self._stamp = 0
         self._num_cached = 0
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
@@ -313,10 +311,8 @@ class RadixCache:
             break
         num_cached = pos // bb
         new = blk[num_cached:]
-        self._stamp += 1
-        reason, i = _kernels.check_insert(
-            self._alloc.refcount_array, self._held, blk, num_cached, self._mark, self._stamp
-        )
+        # Validates, and marks the adopted blocks held (undone if it fails).
+        reason, i = _kernels.claim_for_insert(self._alloc.refcount_array, self._held, blk, num_cached)
         if reason:
             b = int(blk[i])
             if reason == 1 and not 0 <= b < self._alloc.num_blocks:
@@ -347,7 +343,6 @@ class RadixCache:
             node.children[data[pos : pos + bb]] = leaf
             self._index(leaf)
             self._alloc.incref_distinct(new)
-            _kernels.set_flags(self._held, new, True)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
         return num_cached * bs

@@ -29,6 +29,8 @@ def as_token_array(tokens: TokenSeq) -> np.ndarray:
     outside int32.
     """
     if isinstance(tokens, np.ndarray):
+        if tokens.dtype == TOKEN_DTYPE and tokens.ndim == 1 and tokens.flags.c_contiguous:
+            return tokens  # the fast path: already what the caches use
         arr = tokens
     elif isinstance(tokens, (list, tuple)):
         if len(tokens) == 0:
