@@ -312,7 +312,8 @@ class RadixCache:
         num_cached = pos // bb
         new = blk[num_cached:]
         # Validates, and marks the adopted blocks held (undone if it fails).
-        reason, i = _kernels.claim_for_insert(self._alloc.refcount_array, self._held, blk, num_cached)
+        rc = self._alloc.refcount_array
+        reason, i = _kernels.claim_for_insert(rc, self._held, blk, num_cached)
         if reason:
             b = int(blk[i])
             if reason == 1 and not 0 <= b < self._alloc.num_blocks:
