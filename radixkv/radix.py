@@ -258,7 +258,8 @@ class RadixCache:
             break
         if not parts:
             return MatchResult(_EMPTY_BLOCKS, 0)
-        blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        # A copy even for one part: the caller must not alias the node's own array.
+        blocks = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
         self._alloc.incref_distinct(blocks)
         num_tokens = pos // _TOKEN_BYTES
         stats.hit_tokens += num_tokens

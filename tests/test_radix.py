@@ -68,6 +68,16 @@ def test_exact_match_returns_blocks_with_a_reference_each() -> None:
     assert [alloc.refcount(b) for b in blocks] == [1, 1, 1]
 
 
+def test_match_result_does_not_alias_the_tree() -> None:
+    alloc, cache = make(block_size=2)
+    serve(alloc, cache, [1, 2, 3, 4])
+    m = cache.match([1, 2, 3, 4])
+    blocks = list(m.blocks)
+    m.block_array[:] = 0  # the caller scribbles on its result
+    assert cache.match([1, 2, 3, 4]).blocks == blocks != [0, 0]
+    cache.check()
+
+
 def test_only_full_blocks_are_cached() -> None:
     alloc, cache = make(block_size=4)
     blocks = alloc.alloc(2)
