@@ -232,6 +232,8 @@ class BlockAllocator:
 
 def as_block_array(blocks: Iterable[int]) -> np.ndarray:
     """Block ids as a 1-D int32 array; ``TypeError``/``ValueError`` for anything else."""
+    if type(blocks) is np.ndarray and blocks.dtype == BLOCK_DTYPE and blocks.ndim == 1:
+        return blocks  # the fast path: already what the caches use
     if isinstance(blocks, np.ndarray):
         arr = blocks
     elif hasattr(blocks, "detach") and hasattr(blocks, "cpu"):  # a torch tensor

@@ -148,6 +148,7 @@ class RadixCache:
         self._leaves = SortedList()
         self._num_dead = 0  # entries in _leaves whose node is no longer a leaf
         self._held = np.zeros(allocator.num_blocks, dtype=np.bool_)
+        self._rc = allocator.refcount_array  # read-only here; the allocator never replaces it
         self._num_cached = 0
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
@@ -225,7 +226,7 @@ class RadixCache:
         build the result.
         """
         arr = as_token_array(tokens)
-        _require_hashable(namespace)
+        node = self._root_of(namespace)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
         self._clock += 1
@@ -233,7 +234,6 @@ class RadixCache:
         stats = self._stats
         stats.num_matches += 1
         stats.query_tokens += len(arr)
-        node = self._roots.get(namespace)
         if node is None or n_blocks == 0:
             return MatchResult(_EMPTY_BLOCKS, 0)
         data = arr[: n_blocks * bs].tobytes()
@@ -281,7 +281,7 @@ class RadixCache:
         Complexity: as ``match`` for the walk, plus O(adopted blocks).
         """
         arr = as_token_array(tokens)
-        _require_hashable(namespace)
+        root = self._root_of(namespace)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
         blk = as_block_array(blocks)
@@ -292,7 +292,6 @@ class RadixCache:
         blk = blk[:n_blocks]
 
         # Walk without changing anything, so validation can still fail cleanly.
-        root = self._roots.get(namespace)
         node, path = root, []
         pos, end = 0, n_blocks * bb
         data = arr[: n_blocks * bs].tobytes()
@@ -313,8 +312,7 @@ class RadixCache:
         num_cached = pos // bb
         new = blk[num_cached:]
         # Validates, and marks the adopted blocks held (undone if it fails).
-        rc = self._alloc.refcount_array
-        reason, i = _kernels.claim_for_insert(rc, self._held, blk, num_cached)
+        reason, i = _kernels.claim_for_insert(self._rc, self._held, blk, num_cached)
         if reason:
             b = int(blk[i])
             if reason == 1 and not 0 <= b < self._alloc.num_blocks:
@@ -419,6 +417,15 @@ class RadixCache:
         self._num_cached = 0
 
     # ------------------------------------------------------------- internals
+    def _root_of(self, namespace: Hashable) -> _Node | None:
+        """The namespace's root, None if it has none yet; ``TypeError`` if unhashable."""
+        try:
+            return self._roots.get(namespace)
+        except TypeError:
+            raise TypeError(
+                f"namespace must be hashable, got {type(namespace).__name__}"
+            ) from None
+
     def _common_blocks(self, child: _Node, arr: np.ndarray, start: int, stop: int) -> int:
         """Whole blocks on which ``child``'s tokens and ``arr[start:stop]`` agree (rounded DOWN)."""
         agree = _kernels.common_prefix_len(child.tokens(), arr[start:stop])
@@ -559,10 +566,3 @@ def _abbrev(values: list[int], limit: int) -> str:
     head = " ".join(map(str, values[: limit - 2]))
     tail = " ".join(map(str, values[-2:]))
     return f"[{head} … {tail}]"
-
-
-def _require_hashable(namespace: object) -> None:
-    try:
-        hash(namespace)
-    except TypeError:
-        raise TypeError(f"namespace must be hashable, got {type(namespace).__name__}") from None
