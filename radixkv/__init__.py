@@ -7,7 +7,8 @@ arrays and plain ints; torch is imported only by the KV pool, model and engine.
 from radixkv.allocator import BlockAllocator, OutOfBlocks
 from radixkv.hashcache import HashBlockCache
 from radixkv.prefix_cache import PrefixCache
-from radixkv.radix import CacheStats, MatchResult, RadixCache
+from radixkv.radix import RadixCache
+from radixkv.results import CacheStats, MatchResult
 
 __all__ = [
     "BlockAllocator",

@@ -54,7 +54,7 @@ import numpy as np
 
 from radixkv.allocator import BlockAllocator, as_block_array
 from radixkv.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
-from radixkv.radix import CacheStats, MatchResult
+from radixkv.results import CacheStats, MatchResult
 from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
 
 __all__ = ["HashBlockCache"]

@@ -26,7 +26,7 @@ from collections.abc import Hashable, Iterable
 from typing import Protocol, runtime_checkable
 
 from radixkv.allocator import BlockAllocator
-from radixkv.radix import CacheStats, MatchResult
+from radixkv.results import CacheStats, MatchResult
 from radixkv.tokens import TokenSeq
 
 __all__ = ["PrefixCache"]
