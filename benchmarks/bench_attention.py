@@ -16,13 +16,13 @@ reported as a ratio to it, measured round-robin in the same run.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from functools import partial
 from pathlib import Path
 
 import torch
+from bench_common import write_csv
 
 from radixkv.attention import ATTENTION_BACKENDS, AttentionMetadata, paged_attention
 from radixkv.forward_batch import ForwardBatch
@@ -101,8 +101,11 @@ def main() -> None:
     ap.add_argument(
         "--no-forward", action="store_true", help="skip the whole-model forward timings"
     )
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "attention.csv")
+    ap.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
     args = ap.parse_args()
+    if args.out is None:
+        name = "attention_quick.csv" if args.quick else "attention.csv"
+        args.out = Path(__file__).parent / "results" / name
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 7)
     # (name, decodes, decode context, prefill chunk, chunk's context after the step)
@@ -172,12 +175,7 @@ def main() -> None:
             f"{r['scenario']:34s} {r['measure']:9s} {r['backend']:7s} {r['median_ms']:8.1f} "
             f"{spread:>15s} {r['vs_loop']:7.2f}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {args.out}")
+    write_csv(rows, args.out)
 
 
 if __name__ == "__main__":

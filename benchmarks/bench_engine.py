@@ -24,17 +24,17 @@ Writes ``benchmarks/results/bench_engine_<model>[_quick].csv``.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench_common import write_csv
 
 from radixkv.chat_workload import ChatWorkload, IdealPrefill
 from radixkv.engine import Engine, EngineConfig, EngineStats
-from radixkv.model import ModelConfig, random_model
+from radixkv.model import SMALL_CONFIG, random_model
 from radixkv.request import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -50,16 +50,8 @@ MODES = [  # (label, cache, policy)
 
 def load_model(name: str, seed: int):
     if name == "random":
-        cfg = ModelConfig(
-            vocab_size=2048,
-            hidden_size=256,
-            intermediate_size=688,
-            num_layers=4,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=32,
-        )
-        return random_model(cfg, seed=seed), "random decoder (4 layers, hidden 256, vocab 2048)"
+        model = random_model(SMALL_CONFIG, seed=seed)
+        return model, "random decoder (4 layers, hidden 256, vocab 2048)"
     from radixkv.model import from_pretrained
     from radixkv.tokenizer import smollm2_gguf_path
 
@@ -233,13 +225,8 @@ def main() -> int:
         f"ideal ratio (prompt / ideal computed): all {rows[0]['ideal_ratio']:.2f}x, first wave "
         f"{reference_ideal[0]:.2f}x, later waves {reference_ideal[1]:.2f}x"
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"bench_engine_{args.model}{'_quick' if q else ''}.csv"
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"\nwrote {out}")
+    print()
+    write_csv(rows, RESULTS / f"bench_engine_{args.model}{'_quick' if q else ''}.csv")
     return 0
 
 

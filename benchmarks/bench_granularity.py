@@ -25,13 +25,13 @@ tree is the baseline the hash map is compared with (docs/granularity.md).
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
+from bench_common import write_csv
 from granularity_workloads import WORKLOADS, ideal_hit_tokens
 
 from radixkv import BlockAllocator
@@ -187,14 +187,6 @@ def length_sweep(args: argparse.Namespace) -> list[dict]:
         )
     return rows
 
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path}")
 
 
 def plot(rows: list[dict], sweep: list[dict], img: Path) -> None:

@@ -23,13 +23,13 @@ not here): ~0.62 us/block hit, ~1.5 us/block miss, sha256 ~11M tokens/s.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from bench_common import write_csv
 
 from radixkv import BlockAllocator
 from radixkv.block_hash import BlockHasher
@@ -173,12 +173,7 @@ def main() -> None:
             f"{r['path']:6} {r['cache']:13} {r['median']:9.3f} {r['min']:9.3f} {r['max']:9.3f}"
             f"  {r['unit']:10} {ratio:>10}  {r['vllm_0.33_reference']}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {args.out}")
+    write_csv(rows, args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ The radix policies are timed once each, for reference (their engine is RadixCach
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -33,6 +32,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from bench_common import write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -49,8 +50,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="capacity 4096, 3 repeats")
     p.add_argument("--no-radix", action="store_true", help="skip the radix policies")
     p.add_argument("--cold-jit", action="store_true", help="compile kernels from scratch")
-    p.add_argument("--out", type=Path, default=RESULTS / "bench_replay.csv")
+    p.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
     args = p.parse_args()
+    if args.out is None:
+        args.out = RESULTS / ("bench_replay_quick.csv" if args.quick else "bench_replay.csv")
     if args.quick:
         args.capacities, args.repeats = [4096], 3
     return args
@@ -204,13 +207,7 @@ def main() -> int:
                 )
     worst = min(r["core_speedup"] for r in rows if "core_speedup" in r)
     print(f"slowest flat speedup against the plain policy loop alone: {worst:.1f}x (target >= 20x)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    names = list(rows[0])
-    with open(args.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=names)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {args.out}")
+    write_csv(rows, args.out)
     return 0
 
 

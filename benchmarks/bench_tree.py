@@ -21,7 +21,6 @@ form); list inputs add a conversion cost, reported in the `list input` rows.
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import statistics
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import write_csv  # noqa: E402
 from naive_trie import NaiveTrie  # noqa: E402
 
 from radixkv import BlockAllocator, RadixCache  # noqa: E402
@@ -287,14 +287,7 @@ def main() -> None:
         rows += bench_match_insert("long", long, bs, repeats, not args.no_naive)
         rows += bench_evict(sizes, bs, max(1, repeats // 2), 0 if args.no_naive else sizes[0])
     print_table(rows)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("bench_tree_quick.csv" if args.quick else "bench_tree.csv")
-    keys = sorted({k for r in rows for k in r})
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {out}")
+    write_csv(rows, RESULTS / ("bench_tree_quick.csv" if args.quick else "bench_tree.csv"))
 
 
 if __name__ == "__main__":

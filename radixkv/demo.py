@@ -90,7 +90,7 @@ def _random_tokens(rng: np.random.Generator, vocab: int, lo: int, hi: int) -> np
 
 def _load(args: argparse.Namespace):
     """(model, chat helper, description) for SmolLM2 when present, else a random model."""
-    from radixkv.model import ModelConfig, random_model
+    from radixkv.model import SMALL_CONFIG, random_model
 
     path = None
     if not args.random_model:
@@ -113,18 +113,9 @@ def _load(args: argparse.Namespace):
         "the real model.",
         flush=True,
     )
-    cfg = ModelConfig(
-        vocab_size=2048,
-        hidden_size=256,
-        intermediate_size=688,
-        num_layers=4,
-        num_heads=8,
-        num_kv_heads=2,
-        head_dim=32,
-        rope_theta=10000.0,
-    )
-    system = np.random.default_rng(args.seed).integers(0, 2048, 300)
-    chat = _Chat(None, (), 2048, system_ids=system)
+    cfg = SMALL_CONFIG
+    system = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, 300)
+    chat = _Chat(None, (), cfg.vocab_size, system_ids=system)
     return random_model(cfg, seed=args.seed), chat, "random-weight decoder (4 layers, hidden 256)"
 
 

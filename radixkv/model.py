@@ -31,7 +31,7 @@ from radixkv.attention import (
 from radixkv.forward_batch import ForwardBatch
 from radixkv.kvpool import KVPool
 
-__all__ = ["Decoder", "ModelConfig", "from_pretrained", "random_model"]
+__all__ = ["SMALL_CONFIG", "Decoder", "ModelConfig", "from_pretrained", "random_model"]
 
 # Measured on CPU (benchmarks/bench_attention.py): "loop" is fastest or tied everywhere;
 # "padded"/"varlen" are 2-12x slower per step once a prefill chunk shares the batch.
@@ -324,6 +324,18 @@ class Decoder(nn.Module):
             out.append(nxt)
             ids = torch.cat([ids, ids.new_tensor([nxt])])
         return out
+
+
+# A small decoder for the demo and benchmarks when no real model is at hand.
+SMALL_CONFIG = ModelConfig(
+    vocab_size=2048,
+    hidden_size=256,
+    intermediate_size=688,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=32,
+)
 
 
 def random_model(
