@@ -463,3 +463,18 @@ def test_out_of_blocks_is_raised_by_alloc_not_the_cache() -> None:
     alloc, cache = make(num_blocks=2, block_size=1)
     with pytest.raises(OutOfBlocks):
         alloc.alloc(3)
+
+
+def test_import_radixkv_does_not_import_torch() -> None:
+    # STYLE.md: the caches and the allocator work without initialising torch.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, radixkv; "
+        "a = radixkv.BlockAllocator(4, 1); c = radixkv.RadixCache(a); "
+        "h = radixkv.HashBlockCache(radixkv.BlockAllocator(4, 1)); "
+        "c.insert([1, 2], a.alloc(2)); c.match([1, 2]); "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
