@@ -35,6 +35,22 @@ def _prefix_len(ids: np.ndarray, start: int, stop: int, resident: np.ndarray) ->
 
 # ---------------------------------------------------------------------- LRU
 @njit(cache=True)
+def _unlink(prev: np.ndarray, nxt: np.ndarray, v: int, head: int, tail: int) -> tuple:
+    """Take ``v`` out of the doubly linked list ``prev``/``nxt``; return the new (head, tail)."""
+    p = prev[v]
+    q = nxt[v]
+    if p == _NIL:
+        head = q
+    else:
+        nxt[p] = q
+    if q == _NIL:
+        tail = p
+    else:
+        prev[q] = p
+    return head, tail
+
+
+@njit(cache=True)
 def lru_kernel(ids: np.ndarray, offsets: np.ndarray, num_ids: int, capacity: int):
     """LRU: a doubly linked list over dense ids, head = least recently used."""
     num_requests = offsets.size - 1
@@ -56,14 +72,7 @@ def lru_kernel(ids: np.ndarray, offsets: np.ndarray, num_ids: int, capacity: int
                 block_hits += 1
                 if h == tail:
                     continue
-                # unlink h (it has a successor, since it is not the tail)
-                p = prev[h]
-                q = nxt[h]
-                if p == _NIL:
-                    head = q
-                else:
-                    nxt[p] = q
-                prev[q] = p
+                head, tail = _unlink(prev, nxt, h, head, tail)
             else:
                 if size == capacity:
                     v = head
@@ -120,17 +129,7 @@ def lfu_kernel(ids: np.ndarray, offsets: np.ndarray, num_ids: int, capacity: int
             if resident[h]:
                 block_hits += 1
                 c = count[h]
-                # unlink h from list c
-                p = prev[h]
-                q = nxt[h]
-                if p == _NIL:
-                    bhead[c] = q
-                else:
-                    nxt[p] = q
-                if q == _NIL:
-                    btail[c] = p
-                else:
-                    prev[q] = p
+                bhead[c], btail[c] = _unlink(prev, nxt, h, bhead[c], btail[c])  # leave list c
                 if bhead[c] == _NIL and min_count == c:
                     min_count = c + 1
                 c += 1
@@ -238,16 +237,7 @@ def s3fifo_kernel(
             to_ghost = _NIL  # block to insert into the ghost
             if w == _GHOST:
                 # leave the ghost first, then enter main with freq 0
-                p = gprev[h]
-                q = gnext[h]
-                if p == _NIL:
-                    g_head = q
-                else:
-                    gnext[p] = q
-                if q == _NIL:
-                    g_tail = p
-                else:
-                    gprev[q] = p
+                g_head, g_tail = _unlink(gprev, gnext, h, g_head, g_tail)
                 g_size -= 1
                 where[h] = _NONE
                 to_main = h
@@ -298,26 +288,10 @@ def s3fifo_kernel(
                 freq[to_main] = to_main_freq
                 where[to_main] = _MAIN
             if to_ghost != _NIL:
-                v = to_ghost
-                if where[v] == _GHOST:  # cannot happen (resident and ghost are disjoint)
-                    p = gprev[v]
-                    q = gnext[v]
-                    if p == _NIL:
-                        g_head = q
-                    else:
-                        gnext[p] = q
-                    if q == _NIL:
-                        g_tail = p
-                    else:
-                        gprev[q] = p
-                    g_size -= 1
-                elif g_size >= ghost_cap:
+                v = to_ghost  # resident until now, so not in the ghost already
+                if g_size >= ghost_cap:
                     g = g_head
-                    g_head = gnext[g]
-                    if g_head == _NIL:
-                        g_tail = _NIL
-                    else:
-                        gprev[g_head] = _NIL
+                    g_head, g_tail = _unlink(gprev, gnext, g, g_head, g_tail)
                     g_size -= 1
                     where[g] = _NONE
                 gprev[v] = g_tail
