@@ -24,6 +24,7 @@ from torch import nn
 from radixkv.attention import (
     ATTENTION_BACKENDS,
     AttentionMetadata,
+    GatherWorkspace,
     dense_causal_attention,
     paged_attention,
     validate_batch,
@@ -205,6 +206,8 @@ class Decoder(nn.Module):
             )
         self.config = config
         self.attention_backend = attention_backend
+        # None makes every layer allocate its gather tensors (benchmarks compare the two)
+        self.gather_workspace: GatherWorkspace | None = GatherWorkspace()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -281,7 +284,7 @@ class Decoder(nn.Module):
             [
                 (positions != meta.new_positions).any(),
                 (slot_mapping != meta.new_slots).any(),
-                (meta.ctx_slots < 0).any() | (meta.ctx_slots >= kv.num_slots).any(),
+                (meta.ctx_blocks < 0).any() | (meta.ctx_blocks >= kv.num_blocks).any(),
             ]
         ).tolist()  # the one device sync of a step
         for failed, what in zip(checks, ("positions", "slot_mapping", "block_tables"), strict=True):
@@ -295,7 +298,9 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
             kv.write(i, slot_mapping, k, v)
-            attn = paged_attention(q.to(kv.dtype), kv.k[i], kv.v[i], meta).to(x.dtype)
+            attn = paged_attention(
+                q.to(kv.dtype), kv.k[i], kv.v[i], meta, self.gather_workspace
+            ).to(x.dtype)
             x = self._block(layer, x, attn)
         last = torch.tensor(batch.query_lens, device=x.device).cumsum(0) - 1
         return self._logits(x.index_select(0, last))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_helpers import PagedSession, paged_greedy
 
-from radixkv.attention import ATTENTION_BACKENDS
+from radixkv.attention import ATTENTION_BACKENDS, GatherWorkspace
 from radixkv.forward_batch import ForwardBatch
 from radixkv.model import Decoder, ModelConfig, apply_rope, random_model, rope_cos_sin
 
@@ -115,6 +115,41 @@ def test_paged_matches_dense_property(
             elif left:
                 plan[sid] = 1
         _check_against_dense(model, s, s.step(plan))
+
+
+def test_gather_workspace_reuses_grows_and_follows_dtype() -> None:
+    ws = GatherWorkspace()
+    like = torch.zeros(4, 2, 8)
+    k10, v10 = ws.buffers(like, 10)
+    assert k10.shape == v10.shape == (10, 2, 8) and k10.data_ptr() != v10.data_ptr()
+    k5, _ = ws.buffers(like, 5)
+    assert k5.shape[0] == 5 and k5.data_ptr() == k10.data_ptr()  # shrinking reuses
+    k20, _ = ws.buffers(like, 20)
+    assert k20.shape[0] == 20
+    k_half, _ = ws.buffers(like.half(), 3)
+    assert k_half.dtype == torch.float16
+    k_wide, _ = ws.buffers(torch.zeros(1, 3, 8), 3)
+    assert k_wide.shape == (3, 3, 8)
+
+
+@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+def test_workspace_gives_the_same_bits_as_fresh_tensors(backend: str) -> None:
+    """Steps that grow and shrink the gathered context: reused buffers change nothing."""
+    with_ws = random_model(GQA, seed=11, attention_backend=backend)
+    without = random_model(GQA, seed=11, attention_backend=backend)
+    without.gather_workspace = None
+    seqs = _seqs(3, [21, 6, 13], 97, seed=12)
+    got = []
+    for model in (with_ws, without):
+        s = PagedSession(model, block_size=4, num_blocks=40, seed=13)
+        for sid, toks in enumerate(seqs):
+            s.add(sid, toks)
+        got.append([s.step(plan) for plan in ({0: 21, 1: 6, 2: 13},)])
+        s.add(3, seqs[0][:8] + [1, 2, 3], share=(0, 2))
+        got[-1].append(s.step({3: 3}))  # a much smaller step after a large one
+    for a, b in zip(got[0], got[1], strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_greedy_paged_equals_greedy_dense() -> None:

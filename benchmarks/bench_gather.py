@@ -1,0 +1,181 @@
+"""Reading contexts out of the paged pool: per-slot vs whole-block gather, fresh vs reused buffers.
+
+Every paged-attention step copies each sequence's context K/V out of the pool
+(``paged_attention``'s ``loop`` backend). Three ways to do it, on one
+engine-like step (decodes with long contexts plus a prefill chunk, block tables
+scattered over a pool of ``--layers`` layers, so nothing stays in cache):
+
+- ``slot``: ``index_select`` over every context slot into new tensors (the
+  baseline: what the engine did first);
+- ``block``: ``index_select`` over whole blocks into new tensors;
+- ``block+ws``: whole blocks into a reused :class:`~radixkv.attention.GatherWorkspace`
+  (what the engine does now).
+
+``gather`` times the copies of one step over all layers (K and V);
+``forward`` times one whole ``Decoder.forward`` step with and without the
+workspace (``block`` vs ``block+ws``). Medians of round-robin repeats, as a
+ratio to the baseline measured in the same run.
+
+    python benchmarks/bench_gather.py            # SmolLM2-135M shape, 30 layers
+    python benchmarks/bench_gather.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from bench_common import write_csv
+
+from radixkv.attention import GatherWorkspace
+from radixkv.forward_batch import ForwardBatch
+from radixkv.model import ModelConfig, random_model
+
+
+def engine_step(
+    config: ModelConfig, num_decodes: int, ctx: int, chunk: int, block_size: int, seed: int
+) -> tuple[ForwardBatch, int]:
+    """A step of ``num_decodes`` decodes at ``ctx`` tokens plus one ``chunk`` ending at ``ctx``.
+
+    Returns the batch and the pool size in blocks it needs (tables are a random
+    permutation of the pool, as after a long run).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    lens = [(1, ctx)] * num_decodes + [(chunk, ctx)]
+    per_seq = -(-ctx // block_size)
+    num_blocks = per_seq * len(lens) + 8
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables, pos, slots = [], [], []
+    for i, (q, c) in enumerate(lens):
+        table = perm[i * per_seq : (i + 1) * per_seq]
+        r = torch.arange(c - q, c)
+        tables.append(table)
+        pos.append(r)
+        slots.append(table[r // block_size] * block_size + r % block_size)
+    positions = torch.cat(pos)
+    batch = ForwardBatch(
+        input_ids=torch.randint(0, config.vocab_size, (positions.numel(),), generator=gen),
+        positions=positions,
+        slot_mapping=torch.cat(slots),
+        query_lens=[q for q, _ in lens],
+        context_lens=[c for _, c in lens],
+        block_tables=tables,
+    )
+    return batch, num_blocks
+
+
+def gather_ways(
+    pool_k: list[torch.Tensor], pool_v: list[torch.Tensor], batch: ForwardBatch, block_size: int
+) -> dict[str, Callable[[], None]]:
+    """The three gathers of one step over every layer, as callables."""
+    nb = [-(-c // block_size) for c in batch.context_lens]
+    blocks = torch.cat([t[:n] for t, n in zip(batch.block_tables, nb, strict=True)]).long()
+    slots = (blocks[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+    heads, dim = pool_k[0].shape[1], pool_k[0].shape[2]
+    ws = GatherWorkspace()
+
+    def slot() -> None:
+        for k, v in zip(pool_k, pool_v, strict=True):
+            k.index_select(0, slots), v.index_select(0, slots)
+
+    def block() -> None:
+        for k, v in zip(pool_k, pool_v, strict=True):
+            k.view(-1, block_size, heads, dim).index_select(0, blocks)
+            v.view(-1, block_size, heads, dim).index_select(0, blocks)
+
+    def block_ws() -> None:
+        for k, v in zip(pool_k, pool_v, strict=True):
+            kb, vb = ws.buffers(k, slots.numel())
+            torch.index_select(
+                k.view(-1, block_size, heads, dim), 0, blocks,
+                out=kb.view(-1, block_size, heads, dim),
+            )  # fmt: skip
+            torch.index_select(
+                v.view(-1, block_size, heads, dim), 0, blocks,
+                out=vb.view(-1, block_size, heads, dim),
+            )  # fmt: skip
+
+    return {"slot": slot, "block": block, "block+ws": block_ws}
+
+
+def median_ms(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()  # warm-up
+    for _ in range(repeats):  # round-robin, so machine noise hits every way alike
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer layers and repeats")
+    ap.add_argument("--layers", type=int, default=None, help="default 30 (quick: 8)")
+    ap.add_argument("--decodes", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=1200)
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=None, help="default 9 (quick: 3)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    layers = args.layers or (8 if args.quick else 30)
+    repeats = args.repeats or (3 if args.quick else 9)
+    config = ModelConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=layers,
+        num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=1e5,
+    )  # fmt: skip
+    batch, num_blocks = engine_step(
+        config, args.decodes, args.ctx, args.chunk, args.block_size, args.seed
+    )
+    model = random_model(config, seed=args.seed)
+    pool = model.make_kv_pool(num_blocks, args.block_size)
+    for t in (*pool.k, *pool.v):
+        t.normal_()
+    rows = []
+    gathers = median_ms(gather_ways(pool.k, pool.v, batch, args.block_size), repeats)
+    fresh = random_model(config, seed=args.seed)
+    fresh.gather_workspace = None  # paged_attention then allocates its gather tensors per layer
+    forwards = median_ms(
+        {"block": lambda: fresh(batch, pool), "block+ws": lambda: model(batch, pool)}, repeats
+    )
+    for measure, times in (("gather", gathers), ("forward", forwards)):
+        base = statistics.median(next(iter(times.values())))
+        for way, ts in times.items():
+            med = statistics.median(ts)
+            rows.append(
+                {
+                    "measure": measure,
+                    "way": way,
+                    "median_ms": round(med, 2),
+                    "min_ms": round(min(ts), 2),
+                    "max_ms": round(max(ts), 2),
+                    "vs_baseline": round(med / base, 3),
+                }
+            )
+    ctx_mib = sum(batch.context_lens) * config.num_kv_heads * config.head_dim * 4 * 2 / 2**20
+    print(
+        f"one step: {args.decodes} decodes at {args.ctx} tokens + a {args.chunk}-token chunk, "
+        f"{layers} layers (SmolLM2-135M shape), block size {args.block_size}: "
+        f"{ctx_mib:.1f} MiB of K/V gathered per layer; {repeats} repeats, 1 thread"
+    )
+    print(f"{'measure':8s} {'way':9s} {'median ms':>10s} {'min-max':>13s} {'vs first':>8s}")
+    for r in rows:
+        spread = f"{r['min_ms']:.1f}-{r['max_ms']:.1f}"
+        print(
+            f"{r['measure']:8s} {r['way']:9s} {r['median_ms']:10.1f} {spread:>13s} "
+            f"{r['vs_baseline']:8.2f}"
+        )
+    out = Path(__file__).parent / "results" / f"gather{'_quick' if args.quick else ''}.csv"
+    write_csv(rows, out)
+
+
+if __name__ == "__main__":
+    main()
