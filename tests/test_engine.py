@@ -103,6 +103,19 @@ def test_greedy_outputs_with_cache_equal_cache_off(model, scenario):
         assert np.abs(lp - lp0).max() < 1e-3
 
 
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_cascade_attention_with_cache_equals_cache_off(model, scenario):
+    """Cascade attention only regroups the softmax: same greedy tokens as loop, cache off."""
+    kwargs, wl, _ = SCENARIOS[scenario]
+    params = SamplingParams(max_new_tokens=16)
+    cascade = random_model(CFG, seed=0, attention_backend="cascade")
+    base = run_chat(Engine(model, EngineConfig(cache=None, **kwargs)), wl, params)
+    engine = Engine(cascade, EngineConfig(cache="radix", **kwargs))
+    got = run_chat(engine, wl, params)
+    assert [o.output_ids for w in got for o in w] == [o.output_ids for w in base for o in w]
+    assert_no_leaks(engine)
+
+
 @settings(max_examples=25)
 @given(
     seed=st.integers(0, 10_000),

@@ -11,9 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_helpers import PagedSession, paged_greedy
 
-from radixkv.attention import ATTENTION_BACKENDS, GatherWorkspace
+from radixkv.attention import GatherWorkspace
 from radixkv.forward_batch import ForwardBatch
-from radixkv.model import Decoder, ModelConfig, apply_rope, random_model, rope_cos_sin
+from radixkv.model import (
+    DECODER_BACKENDS,
+    Decoder,
+    ModelConfig,
+    apply_rope,
+    random_model,
+    rope_cos_sin,
+)
 
 torch.set_num_threads(1)
 
@@ -50,7 +57,7 @@ def _check_against_dense(model: Decoder, s: PagedSession, got: dict[int, torch.T
         torch.testing.assert_close(logits, ref, **TOL)
 
 
-@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+@pytest.mark.parametrize("backend", DECODER_BACKENDS)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_paged_matches_dense_mixed_steps(name: str, backend: str) -> None:
     model = random_model(CONFIGS[name], seed=1, attention_backend=backend)
@@ -95,7 +102,7 @@ def test_paged_result_independent_of_blocks() -> None:
     block_size=st.sampled_from([1, 2, 3, 8]),
     lengths=st.lists(st.integers(1, 20), min_size=1, max_size=4),
     chunk_seed=st.integers(0, 2**16),
-    backend=st.sampled_from(ATTENTION_BACKENDS),
+    backend=st.sampled_from(DECODER_BACKENDS),
 )
 def test_paged_matches_dense_property(
     block_size: int, lengths: list[int], chunk_seed: int, backend: str
@@ -132,7 +139,7 @@ def test_gather_workspace_reuses_grows_and_follows_dtype() -> None:
     assert k_wide.shape == (3, 3, 8)
 
 
-@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+@pytest.mark.parametrize("backend", DECODER_BACKENDS)
 def test_workspace_gives_the_same_bits_as_fresh_tensors(backend: str) -> None:
     """Steps that grow and shrink the gathered context: reused buffers change nothing."""
     with_ws = random_model(GQA, seed=11, attention_backend=backend)
