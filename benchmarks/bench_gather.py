@@ -32,6 +32,7 @@ import torch
 from bench_common import write_csv
 
 from radixkv.attention import GatherWorkspace
+from radixkv.attention import _gather as gather_kv  # the engine's own gather
 from radixkv.forward_batch import ForwardBatch
 from radixkv.model import ModelConfig, random_model
 
@@ -75,29 +76,20 @@ def gather_ways(
     nb = [-(-c // block_size) for c in batch.context_lens]
     blocks = torch.cat([t[:n] for t, n in zip(batch.block_tables, nb, strict=True)]).long()
     slots = (blocks[:, None] * block_size + torch.arange(block_size)).reshape(-1)
-    heads, dim = pool_k[0].shape[1], pool_k[0].shape[2]
     ws = GatherWorkspace()
 
-    def slot() -> None:
+    def run(index: torch.Tensor, rows: int, workspace: GatherWorkspace | None) -> None:
         for k, v in zip(pool_k, pool_v, strict=True):
-            k.index_select(0, slots), v.index_select(0, slots)
+            gather_kv(k, v, index, rows, workspace)
+
+    def slot() -> None:
+        run(slots, 1, None)
 
     def block() -> None:
-        for k, v in zip(pool_k, pool_v, strict=True):
-            k.view(-1, block_size, heads, dim).index_select(0, blocks)
-            v.view(-1, block_size, heads, dim).index_select(0, blocks)
+        run(blocks, block_size, None)
 
     def block_ws() -> None:
-        for k, v in zip(pool_k, pool_v, strict=True):
-            kb, vb = ws.buffers(k, slots.numel())
-            torch.index_select(
-                k.view(-1, block_size, heads, dim), 0, blocks,
-                out=kb.view(-1, block_size, heads, dim),
-            )  # fmt: skip
-            torch.index_select(
-                v.view(-1, block_size, heads, dim), 0, blocks,
-                out=vb.view(-1, block_size, heads, dim),
-            )  # fmt: skip
+        run(blocks, block_size, ws)
 
     return {"slot": slot, "block": block, "block+ws": block_ws}
 

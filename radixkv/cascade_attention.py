@@ -49,8 +49,9 @@ class CascadePlan:
     sequence's own blocks (for a member, only those after its group's prefix);
     ``prefix_starts[g]`` / ``seq_starts[i]`` are their first rows in the
     gathered K/V. ``group_of[i]`` is sequence ``i``'s group or -1;
-    ``masks[i]`` is the additive mask over the keys sequence ``i`` reads from its
-    own rows (suffix for a member, whole context otherwise), None for one query.
+    ``masks[i]`` masks the keys sequence ``i`` reads from its own rows: for a member
+    the loop mask's suffix columns, made additive; otherwise the loop mask itself
+    (None for one query).
     """
 
     groups: list[list[int]]
@@ -65,7 +66,8 @@ class CascadePlan:
 def plan_cascade(meta: AttentionMetadata, block_tables: list[torch.Tensor]) -> CascadePlan | None:
     """Group the step's sequences by shared leading blocks; None if no group qualifies.
 
-    ``meta`` is the step's ``loop`` metadata. Complexity: O(total context blocks).
+    ``meta`` is the step's ``loop`` metadata (its causal masks are reused).
+    Complexity: O(total context blocks) plus the members' masks.
     """
     bs, qls, cls_ = meta.block_size, meta.query_lens, meta.context_lens
     tables = [bt[: -(-c // bs)].tolist() for bt, c in zip(block_tables, cls_, strict=True)]
@@ -98,12 +100,16 @@ def plan_cascade(meta: AttentionMetadata, block_tables: list[torch.Tensor]) -> C
         prefix_starts.append(len(order) * bs)
         order.extend(blocks)
     seq_starts, masks = [], []
-    for i, (table, q, c) in enumerate(zip(tables, qls, cls_, strict=True)):
+    loop_masks = meta.loop_masks or [None] * len(tables)
+    for i, (table, mask) in enumerate(zip(tables, loop_masks, strict=True)):
         skip = len(prefix_blocks[group_of[i]]) if group_of[i] >= 0 else 0
         seq_starts.append(len(order) * bs)
         order.extend(table[skip:])
-        keys = c - skip * bs
-        masks.append(None if q == 1 else _suffix_mask(q, keys, meta.group, device))
+        if mask is not None and skip:
+            # the loop mask's columns past the prefix; the flash op wants it additive
+            seen = mask[:, skip * bs :]
+            mask = torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
+        masks.append(mask)
     return CascadePlan(
         groups=groups,
         prefix_lens=[len(b) * bs for b in prefix_blocks],
@@ -113,16 +119,6 @@ def plan_cascade(meta: AttentionMetadata, block_tables: list[torch.Tensor]) -> C
         seq_starts=seq_starts,
         masks=masks,
     )
-
-
-def _suffix_mask(q: int, keys: int, group: int, device: torch.device) -> torch.Tensor:
-    """Additive ``[group * q, keys]`` mask: row ``r`` sees the first ``keys - q + r % q + 1`` keys.
-
-    The last ``q`` keys are the new tokens; ``keys`` may start after a shared prefix.
-    """
-    rows = torch.arange(q, device=device).repeat(group)
-    seen = torch.arange(keys, device=device)[None, :] <= (keys - q + rows)[:, None]
-    return torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
 
 
 def _attend(

@@ -13,7 +13,7 @@ import math
 import torch
 
 from radixkv.forward_batch import ForwardBatch
-from radixkv.model import Decoder
+from radixkv.model import Decoder, ModelConfig
 
 
 class PagedSession:
@@ -101,3 +101,24 @@ def paged_greedy(
         s.append(0, nxt)
         out = s.step({0: 1})[0]
     return generated
+
+
+# Small GQA decoder shared by the model tests, and their tolerance against the dense reference.
+GQA = ModelConfig(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=8,
+)
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def check_against_dense(model: Decoder, s: PagedSession, got: dict[int, torch.Tensor]) -> None:
+    """Each sequence's last-token logits equal the dense no-cache forward of its tokens so far."""
+    for sid, logits in got.items():
+        ref = model.forward_dense(torch.tensor(s.tokens[sid][: s.done[sid]]))[-1]
+        assert torch.isfinite(logits).all()
+        torch.testing.assert_close(logits, ref, **TOL)

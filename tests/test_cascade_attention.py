@@ -8,28 +8,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_helpers import PagedSession
+from model_helpers import GQA, PagedSession, check_against_dense
 
 import radixkv.cascade_attention as cascade
-from radixkv.attention import AttentionMetadata
+from radixkv.attention import AttentionMetadata, _causal_mask
 from radixkv.cascade_attention import MIN_PREFIX_BLOCKS, _attend, plan_cascade
 from radixkv.forward_batch import ForwardBatch
-from radixkv.model import ModelConfig, random_model
+from radixkv.model import random_model
 
 torch.set_num_threads(1)
-
-TOL = {"rtol": 1e-4, "atol": 1e-4}
-
-CFG = ModelConfig(
-    vocab_size=97,
-    hidden_size=48,
-    intermediate_size=96,
-    num_layers=2,
-    num_heads=6,
-    num_kv_heads=2,
-    head_dim=8,
-)
-
 
 def _batch(tables: list[list[int]], lens: list[tuple[int, int]], bs: int) -> ForwardBatch:
     """A batch of sequences ``(query_len, context_len)`` over the given block tables."""
@@ -103,18 +90,11 @@ def _shared_session(model, bs: int, prefix_blocks: int, tails: list[int], seed: 
     return s
 
 
-def _check(model, s: PagedSession, got: dict[int, torch.Tensor]) -> None:
-    for sid, logits in got.items():
-        ref = model.forward_dense(torch.tensor(s.tokens[sid][: s.done[sid]]))[-1]
-        assert torch.isfinite(logits).all()
-        torch.testing.assert_close(logits, ref, **TOL)
-
-
 @pytest.mark.parametrize("flash", [True, False])
 def test_cascade_matches_dense_with_a_shared_prefix(flash: bool, monkeypatch) -> None:
     if not flash:
         monkeypatch.setattr(cascade, "_FLASH_CPU", None)  # the plain-math path (non-CPU)
-    model = random_model(CFG, seed=3, attention_backend="cascade")
+    model = random_model(GQA, seed=3, attention_backend="cascade")
     s = _shared_session(model, bs=4, prefix_blocks=5, tails=[9, 6, 11, 3], seed=4)
     plans = []
     real = cascade.plan_cascade
@@ -126,11 +106,11 @@ def test_cascade_matches_dense_with_a_shared_prefix(flash: bool, monkeypatch) ->
     monkeypatch.setattr("radixkv.model.plan_cascade", spy)
     # prefill tails in chunks alongside each other, then decode all four together
     for plan in ({0: 9, 1: 4, 2: 5}, {1: 2, 2: 6, 3: 3}):
-        _check(model, s, s.step(plan))
+        check_against_dense(model, s, s.step(plan))
     for _ in range(3):
         for sid in range(4):
             s.append(sid, (7 * sid + len(s.tokens[sid])) % 97)
-        _check(model, s, s.step(dict.fromkeys(range(4), 1)))
+        check_against_dense(model, s, s.step(dict.fromkeys(range(4), 1)))
     assert all(p is not None for p in plans[1:])  # every step after the first had a group
 
 
@@ -138,7 +118,8 @@ def test_attend_paths_agree() -> None:
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 12, 8, generator=g)
     k, v = torch.randn(1, 2, 20, 8, generator=g), torch.randn(1, 2, 20, 8, generator=g)
-    mask = cascade._suffix_mask(4, 20, 3, torch.device("cpu"))
+    seen = _causal_mask(4, 20, 3, torch.device("cpu"))
+    mask = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))
     o1, l1 = _attend(q, k, v, mask)
     saved = cascade._FLASH_CPU
     try:
@@ -163,7 +144,7 @@ def test_cascade_matches_dense_property(
     block_size: int, prefix_blocks: int, tails: list[int], seed: int
 ) -> None:
     model = random_model(
-        dataclasses.replace(CFG, num_layers=1), seed=5, attention_backend="cascade"
+        dataclasses.replace(GQA, num_layers=1), seed=5, attention_backend="cascade"
     )
     if prefix_blocks == 0:
         s = PagedSession(model, block_size, num_blocks=sum(tails) + 8, seed=seed)
@@ -178,4 +159,4 @@ def test_cascade_matches_dense_property(
             left = s.remaining(sid)
             if left:
                 plan[sid] = int(torch.randint(1, left + 1, (1,), generator=g))
-        _check(model, s, s.step(plan))
+        check_against_dense(model, s, s.step(plan))

@@ -9,14 +9,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_helpers import PagedSession, paged_greedy
+from model_helpers import GQA, TOL, PagedSession, check_against_dense, paged_greedy
 
 from radixkv.attention import GatherWorkspace
 from radixkv.forward_batch import ForwardBatch
 from radixkv.model import (
     DECODER_BACKENDS,
     Decoder,
-    ModelConfig,
     apply_rope,
     random_model,
     rope_cos_sin,
@@ -24,17 +23,6 @@ from radixkv.model import (
 
 torch.set_num_threads(1)
 
-TOL = {"rtol": 1e-4, "atol": 1e-4}
-
-GQA = ModelConfig(
-    vocab_size=97,
-    hidden_size=48,
-    intermediate_size=96,
-    num_layers=2,
-    num_heads=6,
-    num_kv_heads=2,
-    head_dim=8,
-)
 CONFIGS = {
     "gqa": GQA,
     "mha_untied": dataclasses.replace(GQA, num_kv_heads=6, tie_word_embeddings=False),
@@ -50,13 +38,6 @@ def _seqs(n: int, lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (ln,), generator=g).tolist() for ln in lengths[:n]]
 
 
-def _check_against_dense(model: Decoder, s: PagedSession, got: dict[int, torch.Tensor]) -> None:
-    for sid, logits in got.items():
-        ref = model.forward_dense(torch.tensor(s.tokens[sid][: s.done[sid]]))[-1]
-        assert torch.isfinite(logits).all()
-        torch.testing.assert_close(logits, ref, **TOL)
-
-
 @pytest.mark.parametrize("backend", DECODER_BACKENDS)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_paged_matches_dense_mixed_steps(name: str, backend: str) -> None:
@@ -67,17 +48,17 @@ def test_paged_matches_dense_mixed_steps(name: str, backend: str) -> None:
     # step 1: three prefill chunks; 2: chunk + chunk + finishing chunk; then mixed decodes
     plans = [{0: 7, 1: 9, 2: 5}, {0: 6, 2: 9}, {0: 10}]
     for plan in plans:
-        _check_against_dense(model, s, s.step(plan))
+        check_against_dense(model, s, s.step(plan))
     for _ in range(3):
         plan = {}
         for sid in (0, 1, 2):
             s.append(sid, (sid * 31 + len(s.tokens[sid])) % 97)
             plan[sid] = 1
-        _check_against_dense(model, s, s.step(plan))
+        check_against_dense(model, s, s.step(plan))
     # a new sequence joins on sequence 0's first 3 blocks (a cache hit), mixed with decodes
     s.add(3, s.tokens[0][:12] + [5, 6, 7, 8, 9], share=(0, 3))
     s.append(1, 3)
-    _check_against_dense(model, s, s.step({1: 1, 3: 5}))
+    check_against_dense(model, s, s.step({1: 1, 3: 5}))
 
 
 def test_paged_result_independent_of_blocks() -> None:
@@ -121,7 +102,7 @@ def test_paged_matches_dense_property(
                 plan[sid] = int(torch.randint(1, left - 1, (1,), generator=g))
             elif left:
                 plan[sid] = 1
-        _check_against_dense(model, s, s.step(plan))
+        check_against_dense(model, s, s.step(plan))
 
 
 def test_gather_workspace_reuses_grows_and_follows_dtype() -> None:
