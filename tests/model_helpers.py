@@ -8,12 +8,32 @@ sequence's leading blocks, as a cache hit would.
 
 from __future__ import annotations
 
+import copy
 import math
 
+import pytest
 import torch
 
 from radixkv.forward_batch import ForwardBatch
 from radixkv.model import Decoder, ModelConfig
+
+# Tests that take a ``device`` run on the CPU always and on CUDA when a GPU is visible;
+# ``pytest -m cuda`` selects the GPU half.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ],
+    ),
+]
+
+
+def on_device(model: Decoder, device: str) -> Decoder:
+    """``model`` itself on the CPU, else a copy moved to ``device`` (the original stays put)."""
+    return model if device == "cpu" else copy.deepcopy(model).to(device)
 
 
 class PagedSession:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_helpers import DEVICES, on_device
 
 from radixkv.chat_workload import ChatWorkload, IdealPrefill
 from radixkv.engine import Engine, EngineConfig, EngineStats
@@ -79,13 +80,16 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_greedy_outputs_with_cache_equal_cache_off(model, scenario):
+def test_greedy_outputs_with_cache_equal_cache_off(model, scenario, device):
+    model = on_device(model, device)
     kwargs, wl, pressure = SCENARIOS[scenario]
     params = SamplingParams(max_new_tokens=16)
     results = {}
     for cache in (None, "radix", "hash"):
         engine = Engine(model, EngineConfig(cache=cache, **kwargs))
+        assert engine.kv.device.type == device  # the pool follows the model
         results[cache] = run_chat(engine, wl, params)
         if cache is not None:
             stats = EngineStats.of([o.stats for w in results[cache] for o in w], 1.0)
@@ -103,12 +107,14 @@ def test_greedy_outputs_with_cache_equal_cache_off(model, scenario):
         assert np.abs(lp - lp0).max() < 1e-3
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_cascade_attention_with_cache_equals_cache_off(model, scenario):
+def test_cascade_attention_with_cache_equals_cache_off(model, scenario, device):
     """Cascade attention only regroups the softmax: same greedy tokens as loop, cache off."""
+    model = on_device(model, device)
     kwargs, wl, _ = SCENARIOS[scenario]
     params = SamplingParams(max_new_tokens=16)
-    cascade = random_model(CFG, seed=0, attention_backend="cascade")
+    cascade = random_model(CFG, seed=0, attention_backend="cascade").to(device)
     base = run_chat(Engine(model, EngineConfig(cache=None, **kwargs)), wl, params)
     engine = Engine(cascade, EngineConfig(cache="radix", **kwargs))
     got = run_chat(engine, wl, params)
@@ -150,7 +156,9 @@ def test_random_workloads_cache_on_equals_off(model, seed, bs, budget, pool_toke
     assert outs["radix"] == outs[None] == outs["hash"]
 
 
-def test_engine_matches_the_dense_reference(model):
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_matches_the_dense_reference(model, device):
+    model = on_device(model, device)
     rng = np.random.default_rng(3)
     shared = rng.integers(0, 256, 40)
     prompts = [np.concatenate([shared, rng.integers(0, 256, n)]) for n in (3, 9, 17)]
@@ -162,8 +170,10 @@ def test_engine_matches_the_dense_reference(model):
     assert_no_leaks(engine)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("bs", "cached", "computed"), [(1, 97, 5), (16, 96, 6)])
-def test_seed_acceptance_97_shared_plus_5_new(model, bs, cached, computed):
+def test_seed_acceptance_97_shared_plus_5_new(model, bs, cached, computed, device):
+    model = on_device(model, device)
     # 97 shared tokens + 5 new; 20 new tokens. bs=1: the 5 new run (5 + 19 decodes = 24
     # tokens). bs=16: 6 blocks = 96 tokens match, 6 run (6 + 19 = 25, as in the seed).
     rng = np.random.default_rng(1)

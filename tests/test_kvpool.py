@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_helpers import DEVICES
 
 from radixkv.kvpool import KVPool, default_device, slots_for_positions
 
@@ -75,14 +76,16 @@ def test_short_block_table_rejected() -> None:
         slots_for_positions(torch.tensor([3, 1]), 9, 4)
 
 
-def test_write_then_gather_round_trips_and_touches_only_those_slots() -> None:
-    pool = KVPool(2, 6, 4, 2, 3, device="cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_then_gather_round_trips_and_touches_only_those_slots(device: str) -> None:
+    pool = KVPool(2, 6, 4, 2, 3, device=device)
+    assert pool.device.type == device
     slots = pool.slots([4, 1], 6)  # block 4 then block 1
     assert slots.tolist() == [16, 17, 18, 19, 4, 5]
-    k, v = torch.randn(6, 2, 3), torch.randn(6, 2, 3)
+    k, v = torch.randn(6, 2, 3, device=device), torch.randn(6, 2, 3, device=device)
     pool.write(1, slots, k, v)
     gk, gv = pool.gather(1, slots)
     assert torch.equal(gk, k) and torch.equal(gv, v)
-    mask = torch.ones(pool.num_slots, dtype=torch.bool)
+    mask = torch.ones(pool.num_slots, dtype=torch.bool, device=device)
     mask[slots] = False
     assert not pool.k[1][mask].any() and not pool.k[0].any()

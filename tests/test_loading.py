@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from model_helpers import PagedSession, paged_greedy
+from model_helpers import DEVICES, PagedSession, on_device, paged_greedy
 
 from radixkv.loading import (
     config_from_hf,
@@ -83,11 +83,13 @@ def test_hf_config_translated(hf_pair) -> None:
     assert c.tie_word_embeddings == (kind != "llama")
 
 
-def test_logits_match_transformers(hf_pair) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_logits_match_transformers(hf_pair, device) -> None:
     _, hf, ours, _ = hf_pair
+    ours = on_device(ours, device)
     ids = torch.tensor(PROMPT)
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0].float()
+    with torch.no_grad():  # transformers on the CPU is the reference for both devices
+        ref = hf(ids[None]).logits[0].float().to(device)
     assert ref.std() > 1.0  # the scaled init gives decisive logits
     torch.testing.assert_close(ours.forward_dense(ids), ref, rtol=1e-4, atol=1e-4)
     # paged, with the prompt's first 2 blocks coming from another sequence (a cache hit)
@@ -99,8 +101,10 @@ def test_logits_match_transformers(hf_pair) -> None:
     torch.testing.assert_close(got, ref[-1], rtol=1e-4, atol=1e-4)
 
 
-def test_greedy_continuation_matches_transformers(hf_pair) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_continuation_matches_transformers(hf_pair, device) -> None:
     _, hf, ours, _ = hf_pair
+    ours = on_device(ours, device)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         out = hf.generate(

@@ -9,7 +9,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_helpers import GQA, TOL, PagedSession, check_against_dense, paged_greedy
+from model_helpers import (
+    DEVICES,
+    GQA,
+    TOL,
+    PagedSession,
+    check_against_dense,
+    paged_greedy,
+)
 
 from radixkv.attention import GatherWorkspace
 from radixkv.forward_batch import ForwardBatch
@@ -38,10 +45,11 @@ def _seqs(n: int, lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (ln,), generator=g).tolist() for ln in lengths[:n]]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", DECODER_BACKENDS)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_paged_matches_dense_mixed_steps(name: str, backend: str) -> None:
-    model = random_model(CONFIGS[name], seed=1, attention_backend=backend)
+def test_paged_matches_dense_mixed_steps(name: str, backend: str, device: str) -> None:
+    model = random_model(CONFIGS[name], seed=1, attention_backend=backend).to(device)
     s = PagedSession(model, block_size=4, num_blocks=48, seed=2)
     for sid, toks in enumerate(_seqs(3, [23, 9, 14], 97, seed=3)):
         s.add(sid, toks)
@@ -272,9 +280,10 @@ def test_random_model_is_reproducible_and_attention_is_sharp() -> None:
     assert scores.std() > 1.0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_paged_close_to_dense(dtype: torch.dtype) -> None:
-    model = random_model(CONFIGS["mqa_qwen3"], seed=12).to(dtype)
+def test_half_precision_paged_close_to_dense(dtype: torch.dtype, device: str) -> None:
+    model = random_model(CONFIGS["mqa_qwen3"], seed=12).to(device=device, dtype=dtype)
     s = PagedSession(model, block_size=4, num_blocks=32)
     toks = _seqs(1, [27], 97, seed=13)[0]
     s.add(0, toks)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import PagedSession
+from model_helpers import DEVICES, PagedSession, on_device
 
 from radixkv.loading import load_gguf, open_gguf
 from radixkv.tokenizer import load_gguf_tokenizer, smollm2_gguf_path
@@ -54,8 +54,10 @@ def test_chat_template_and_tokens(smollm2) -> None:
     assert tok.eos_token_id == 2 and tok.decode([2], skip_special_tokens=False) == "<|im_end|>"
 
 
-def test_greedy_answer_is_plausible_and_paged_equals_dense(smollm2) -> None:
-    model, tok = smollm2
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_answer_is_plausible_and_paged_equals_dense(smollm2, device) -> None:
+    cpu_model, tok = smollm2
+    model = on_device(cpu_model, device)
     prompt = tok.apply_chat_template(QUESTION, tokenize=True)
     s = PagedSession(model, block_size=16, num_blocks=8)
     s.add(0, prompt)
@@ -63,6 +65,9 @@ def test_greedy_answer_is_plausible_and_paged_equals_dense(smollm2) -> None:
     logits = s.step({0: s.remaining(0)})[0]
     dense = model.forward_dense(torch.tensor(prompt))[-1]
     torch.testing.assert_close(logits, dense, rtol=1e-4, atol=1e-3)
+    if device != "cpu":  # and the GPU's logits are the CPU's
+        cpu_dense = cpu_model.forward_dense(torch.tensor(prompt))[-1]
+        torch.testing.assert_close(logits.cpu(), cpu_dense, rtol=1e-4, atol=1e-3)
     out: list[int] = []
     while len(out) < 8:
         nxt = int(logits.argmax())
@@ -72,7 +77,7 @@ def test_greedy_answer_is_plausible_and_paged_equals_dense(smollm2) -> None:
         s.append(0, nxt)
         logits = s.step({0: 1})[0]
     answer = tok.decode(out)
-    print(f"SmolLM2 greedy answer: {answer!r} ({out})")
+    print(f"SmolLM2 greedy answer on {device}: {answer!r} ({out})")
     assert "Paris" in answer
 
 
@@ -93,15 +98,17 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(smollm2) -> None:
         assert tok.decode(tok.encode(text), skip_special_tokens=False) == text
 
 
-def test_logits_match_transformers_gguf_loader(smollm2) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_logits_match_transformers_gguf_loader(smollm2, device) -> None:
     """`transformers`' own GGUF loader (needs `accelerate`; about 20 s): same dequantized model."""
     pytest.importorskip("accelerate")
     transformers = pytest.importorskip("transformers")
     model, tok = smollm2
+    model = on_device(model, device)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(PATH.parent), gguf_file=PATH.name, dtype=torch.float32
     ).eval()
     ids = torch.tensor(tok.apply_chat_template(QUESTION, tokenize=True))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-    torch.testing.assert_close(model.forward_dense(ids), ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(model.forward_dense(ids).cpu(), ref, rtol=1e-5, atol=1e-4)
