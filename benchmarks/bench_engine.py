@@ -27,7 +27,7 @@ model 1,024): a cache-off pass over 32 users at 1,024 tokens takes ~15 min alone
 GPU is visible, else the CPU); ``--dtype`` the compute and pool dtype.
 
 Writes ``benchmarks/results/bench_engine_<model>[_<attention>][_<device>][_<dtype>][_quick].csv``
-(the default attention, the CPU and float32 leave their part out).
+(the device's preferred attention, the CPU and float32 leave their part out).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from radixkv.engine import Engine, EngineConfig, EngineStats
 from radixkv.kvpool import default_device
 from radixkv.model import (
     DECODER_BACKENDS,
-    DEFAULT_ATTENTION_BACKEND,
     SMALL_CONFIG,
+    preferred_attention_backend,
     random_model,
 )
 from radixkv.request import SamplingParams
@@ -170,8 +170,9 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(m[0] for m in MODES))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
-        "--attention", choices=DECODER_BACKENDS, default=DEFAULT_ATTENTION_BACKEND,
-        help="the decoder's attention backend, for every mode",
+        "--attention", choices=DECODER_BACKENDS, default=None,
+        help="the decoder's attention backend, for every mode (default: the device's "
+        "preferred one: padded on CUDA, loop on the CPU)",
     )  # fmt: skip
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if visible)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -186,6 +187,7 @@ def main() -> int:
     max_new = args.max_new_tokens or (8 if q else 16)
     repeats = args.repeats or (1 if q else 3)
     model, what = load_model(args.model, args.seed, device, dtype)
+    args.attention = args.attention or preferred_attention_backend(device)
     model.attention_backend = args.attention  # choices= validated it
     vocab = model.config.vocab_size
     wl = ChatWorkload(
@@ -301,7 +303,7 @@ def main() -> int:
             )
     print()
     parts = [args.model]
-    parts += [args.attention] if args.attention != DEFAULT_ATTENTION_BACKEND else []
+    parts += [args.attention] if args.attention != preferred_attention_backend(device) else []
     parts += [device.type] if device.type != "cpu" else []
     parts += [args.dtype] if args.dtype != "float32" else []
     parts += ["quick"] if q else []

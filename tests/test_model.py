@@ -24,6 +24,7 @@ from radixkv.model import (
     DECODER_BACKENDS,
     Decoder,
     apply_rope,
+    preferred_attention_backend,
     random_model,
     rope_cos_sin,
 )
@@ -292,3 +293,9 @@ def test_half_precision_paged_close_to_dense(dtype: torch.dtype, device: str) ->
     assert s.pool.k[0].dtype == dtype and got.dtype == torch.float32
     ref = model.forward_dense(torch.tensor(toks))[-1]
     torch.testing.assert_close(got, ref, rtol=0.02, atol=0.02 * float(ref.abs().max()))
+
+
+def test_preferred_backend_per_device() -> None:
+    assert preferred_attention_backend("cpu") == "loop"
+    assert preferred_attention_backend(torch.device("cuda")) == "padded"  # no GPU needed
+    assert {preferred_attention_backend(d) for d in ("cpu", "cuda")} <= set(DECODER_BACKENDS)
