@@ -117,7 +117,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
     args = ap.parse_args()
     if args.out is None:
-        parts = ["attention"] + ([args.device] if args.device != "cpu" else [])
+        kind = torch.device(args.device).type
+        parts = ["attention"] + ([kind] if kind != "cpu" else [])
         parts += ["quick"] if args.quick else []
         args.out = Path(__file__).parent / "results" / f"{'_'.join(parts)}.csv"
     torch.set_num_threads(args.threads)

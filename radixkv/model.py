@@ -49,18 +49,20 @@ DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade")
 
 
 def preferred_attention_backend(device: torch.device | str) -> str:
-    """The measured-fastest backend on ``device``'s kind: ``padded`` on CUDA, else ``cascade``.
+    """The measured-fastest backend for ``device``: ``cascade`` on the CPU, ``padded`` on CUDA.
 
     What a ``Decoder`` built without a backend runs. CPU: ``bench_attention.py``
-    ranks ``loop`` first among the one-call backends (``padded``/``varlen`` are
-    2-12x slower once a prefill chunk shares the batch), and cascade (``loop`` plus
-    one read of shared prefix blocks; exactly ``loop`` when nothing is shared)
-    lifts ``bench_engine.py``'s cached TTFT on SmolLM2 from 0.72-0.83 to 0.81-0.91
-    of the token ideal. CUDA (an H100): each launch costs more than its arithmetic,
-    and ``padded`` (one call per layer) runs a 32-decode step in 0.33x the loop's
-    time; cascade's extra calls make it the slowest there.
+    ranks ``loop`` first among the paged backends (``padded``/``varlen`` are 2-12x
+    slower once a prefill chunk shares the batch), and cascade (``loop`` plus one
+    read of shared prefix blocks; exactly ``loop`` when nothing is shared) lifts
+    ``bench_engine.py``'s cached TTFT on SmolLM2 from 0.72-0.83 to 0.81-0.91 of the
+    token ideal. CUDA (an H100): each launch costs more than its arithmetic, and
+    ``padded`` (one call per layer) runs a 32-decode step in 0.33x the loop's time;
+    cascade's extra calls make it the slowest there. Other devices were never
+    measured: they get ``loop``, the simplest.
     """
-    return "padded" if torch.device(device).type == "cuda" else "cascade"
+    kind = torch.device(device).type
+    return {"cpu": "cascade", "cuda": "padded"}.get(kind, "loop")
 
 
 @dataclass(frozen=True)
@@ -304,7 +306,7 @@ class Decoder(nn.Module):
         meta = AttentionMetadata.build(
             batch, kv.block_size, c.group_size, backend if backend != "cascade" else "loop", device
         )
-        plan = plan_cascade(meta, batch.block_tables) if backend == "cascade" else None
+        plan = plan_cascade(meta) if backend == "cascade" else None
         positions = batch.positions.to(device)
         slot_mapping = batch.slot_mapping.to(device)
         checks = torch.stack(

@@ -40,7 +40,7 @@ def _batch(tables: list[list[int]], lens: list[tuple[int, int]], bs: int) -> For
 def _plan(tables, lens, bs=4):
     batch = _batch(tables, lens, bs)
     meta = AttentionMetadata.build(batch, bs, 3, "loop")
-    return plan_cascade(meta, batch.block_tables)
+    return plan_cascade(meta)
 
 
 def test_plan_groups_by_shared_leading_blocks() -> None:
@@ -99,8 +99,8 @@ def test_cascade_matches_dense_with_a_shared_prefix(flash: bool, monkeypatch) ->
     plans = []
     real = cascade.plan_cascade
 
-    def spy(meta, tables):
-        plans.append(real(meta, tables))
+    def spy(meta):
+        plans.append(real(meta))
         return plans[-1]
 
     monkeypatch.setattr("radixkv.model.plan_cascade", spy)

@@ -18,7 +18,7 @@ from model_helpers import DEVICES, on_device
 from radixkv.chat_workload import ChatWorkload, IdealPrefill
 from radixkv.engine import Engine, EngineConfig, EngineStats
 from radixkv.kvpool import KVPool
-from radixkv.model import ModelConfig, random_model
+from radixkv.model import DECODER_BACKENDS, ModelConfig, random_model
 from radixkv.request import SamplingParams
 
 torch.set_num_threads(1)
@@ -37,7 +37,13 @@ CFG = ModelConfig(
 
 @pytest.fixture(scope="module")
 def model():
+    """The default decoder: it runs the device's preferred attention backend."""
     return random_model(CFG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def backends():
+    return {b: random_model(CFG, seed=0, attention_backend=b) for b in DECODER_BACKENDS}
 
 
 def run_chat(engine: Engine, wl: ChatWorkload, params: SamplingParams):
@@ -108,18 +114,20 @@ def test_greedy_outputs_with_cache_equal_cache_off(model, scenario, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", DECODER_BACKENDS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_cascade_attention_with_cache_equals_cache_off(scenario, device):
-    """Cascade attention only regroups the softmax: same greedy tokens as loop, cache off."""
+def test_every_backend_with_cache_equals_loop_without(scenario, backend, device):
+    """Each attention backend, fed by either cache, gives loop's cache-off greedy tokens."""
     kwargs, wl, _ = SCENARIOS[scenario]
     params = SamplingParams(max_new_tokens=16)
     loop = random_model(CFG, seed=0, attention_backend="loop").to(device)
-    cascade = random_model(CFG, seed=0, attention_backend="cascade").to(device)
     base = run_chat(Engine(loop, EngineConfig(cache=None, **kwargs)), wl, params)
-    engine = Engine(cascade, EngineConfig(cache="radix", **kwargs))
-    got = run_chat(engine, wl, params)
-    assert [o.output_ids for w in got for o in w] == [o.output_ids for w in base for o in w]
-    assert_no_leaks(engine)
+    model = random_model(CFG, seed=0, attention_backend=backend).to(device)
+    for cache in ("radix", "hash"):
+        engine = Engine(model, EngineConfig(cache=cache, **kwargs))
+        got = run_chat(engine, wl, params)
+        assert [o.output_ids for w in got for o in w] == [o.output_ids for w in base for o in w]
+        assert_no_leaks(engine)
 
 
 @settings(max_examples=25)
@@ -129,8 +137,12 @@ def test_cascade_attention_with_cache_equals_cache_off(scenario, device):
     budget=st.integers(4, 96),
     pool_tokens=st.integers(80, 600),
     policy=st.sampled_from(["fcfs", "lpm"]),
+    backend=st.sampled_from(DECODER_BACKENDS),
 )
-def test_random_workloads_cache_on_equals_off(model, seed, bs, budget, pool_tokens, policy):
+def test_random_workloads_cache_on_equals_off(
+    backends, seed, bs, budget, pool_tokens, policy, backend
+):
+    model = backends[backend]
     rng = np.random.default_rng(seed)
     prefixes = [rng.integers(0, 256, int(rng.integers(0, 40))) for _ in range(2)]
     waves = [
