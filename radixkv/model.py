@@ -55,11 +55,12 @@ def preferred_attention_backend(device: torch.device | str) -> str:
     ranks ``loop`` first among the paged backends (``padded``/``varlen`` are 2-12x
     slower once a prefill chunk shares the batch), and cascade (``loop`` plus one
     read of shared prefix blocks; exactly ``loop`` when nothing is shared) lifts
-    ``bench_engine.py``'s cached TTFT on SmolLM2 from 0.72-0.83 to 0.81-0.91 of the
-    token ideal. CUDA (an H100): each launch costs more than its arithmetic, and
-    ``padded`` (one call per layer) runs a 32-decode step in 0.33x the loop's time;
-    cascade's extra calls make it the slowest there. Other devices were never
-    measured: they get ``loop``, the simplest.
+    ``bench_engine.py``'s later-wave TTFT speedup on SmolLM2 from 6.5-6.9x to
+    7.0-7.7x and cuts the random model's cached wall time by ~10%. CUDA (an H100):
+    each launch costs more than its arithmetic, and ``padded`` (one call per layer)
+    runs a 32-decode step in 0.33x the loop's time; cascade's extra calls make it
+    the slowest there. Other devices were never measured: they get ``loop``, the
+    simplest.
     """
     kind = torch.device(device).type
     return {"cpu": "cascade", "cuda": "padded"}.get(kind, "loop")
