@@ -54,6 +54,7 @@ import numpy as np
 
 from radixkv.allocator import BlockAllocator, as_block_array
 from radixkv.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
+from radixkv.prefix_cache import check_namespace, check_num_blocks, release_held
 from radixkv.results import CacheStats, MatchResult
 from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
 
@@ -154,7 +155,7 @@ class HashBlockCache:
         Read-only: an unseen namespace is not registered. Complexity: O(len(tokens)).
         """
         arr = as_token_array(tokens)
-        extra = self._ns_extra.get(_hashable(namespace))
+        extra = self._ns_extra.get(check_namespace(namespace))
         if extra is None:
             extra = self._derive_extra(namespace)
         n = len(arr) // self._bs
@@ -182,7 +183,7 @@ class HashBlockCache:
         Complexity: O(matched blocks + 1) hashes and dict lookups.
         """
         arr = as_token_array(tokens)
-        extra = self._ns_extra.get(_hashable(namespace))
+        extra = self._ns_extra.get(check_namespace(namespace))
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
         stats = self._stats
@@ -238,7 +239,7 @@ class HashBlockCache:
         Complexity: O(full blocks) hashes and dict operations.
         """
         arr = as_token_array(tokens)
-        ns = _hashable(namespace)
+        ns = check_namespace(namespace)
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
         blk = as_block_array(blocks)
@@ -325,10 +326,7 @@ class HashBlockCache:
         Complexity: O(num_blocks + skipped in-use blocks), refcounts read in
         vectorised chunks.
         """
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
-            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
-        if num_blocks < 0:
-            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        check_num_blocks(num_blocks)
         queue = self._queue
         if num_blocks == 0 or not queue:
             return 0
@@ -362,9 +360,7 @@ class HashBlockCache:
         Blocks no request holds become free; requests keep theirs. Stats are kept.
         Complexity: O(cached blocks).
         """
-        held = np.flatnonzero(self._held).astype(np.int32)
-        self._alloc.decref_distinct(held)
-        self._held[:] = False
+        release_held(self._alloc, self._held)
         self._by_name.clear()
         self._queue.clear()
         self._tokens.clear()
@@ -396,11 +392,3 @@ class HashBlockCache:
             f"HashBlockCache(block_size={self._bs}, hash_fn={self._hasher.hash_fn!r}, "
             f"cached_blocks={len(self._queue)})"
         )
-
-
-def _hashable(namespace: object) -> Hashable:
-    try:
-        hash(namespace)
-    except TypeError:
-        raise TypeError(f"namespace must be hashable, got {type(namespace).__name__}") from None
-    return namespace

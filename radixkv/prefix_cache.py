@@ -25,11 +25,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from radixkv.allocator import BlockAllocator
 from radixkv.results import CacheStats, MatchResult
 from radixkv.tokens import TokenSeq
 
-__all__ = ["PrefixCache"]
+__all__ = ["PrefixCache", "check_namespace", "check_num_blocks", "release_held"]
 
 
 @runtime_checkable
@@ -111,3 +113,33 @@ class PrefixCache(Protocol):
     def check(self) -> None:
         """Assert every invariant of the structure; ``AssertionError`` naming the first broken."""
         ...
+
+
+# What the implementations share: the same input checks and the same bookkeeping of
+# the one reference a cache holds per cached block (a bool map over the allocator).
+
+
+def check_namespace(namespace: object) -> Hashable:
+    """``namespace`` itself; ``TypeError`` naming its type if it is unhashable."""
+    try:
+        hash(namespace)
+    except TypeError:
+        raise TypeError(f"namespace must be hashable, got {type(namespace).__name__}") from None
+    return namespace
+
+
+def check_num_blocks(num_blocks: object) -> None:
+    """``TypeError`` unless an int (bool excluded), ``ValueError`` if negative."""
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
+        raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
+    if num_blocks < 0:
+        raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+
+
+def release_held(allocator: BlockAllocator, held: np.ndarray) -> None:
+    """Give back the cache's reference on every block flagged in ``held``; clear the flags.
+
+    Mutates ``held`` and the allocator's refcounts. Complexity: O(num_blocks).
+    """
+    allocator.decref_distinct(np.flatnonzero(held).astype(np.int32))
+    held[:] = False

@@ -35,6 +35,7 @@ from sortedcontainers import SortedList
 from radixkv import _kernels
 from radixkv.allocator import BlockAllocator, as_block_array
 from radixkv.eviction import EvictionOrder, make_eviction_order
+from radixkv.prefix_cache import check_namespace, check_num_blocks, release_held
 from radixkv.results import CacheStats, MatchResult
 from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
 
@@ -313,10 +314,7 @@ class RadixCache:
 
         Complexity: O((evicted + skipped leaves) * log leaves), plus O(blocks freed).
         """
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
-            raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
-        if num_blocks < 0:
-            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        check_num_blocks(num_blocks)
         alloc, leaves, held, bb = self._alloc, self._leaves, self._held, self._block_bytes
         rc = alloc.refcount_array
         last_busy = _kernels.last_busy
@@ -361,9 +359,7 @@ class RadixCache:
         Blocks no request holds become free; requests keep theirs. Stats are kept.
         Complexity: O(cached blocks).
         """
-        held_blocks = np.flatnonzero(self._held).astype(np.int32)
-        self._alloc.decref_distinct(held_blocks)
-        self._held[:] = False
+        release_held(self._alloc, self._held)
         self._roots.clear()
         self._leaves.clear()
         self._num_dead = 0
@@ -372,12 +368,7 @@ class RadixCache:
     # ------------------------------------------------------------- internals
     def _root_of(self, namespace: Hashable) -> _Node | None:
         """The namespace's root, None if it has none yet; ``TypeError`` if unhashable."""
-        try:
-            return self._roots.get(namespace)
-        except TypeError:
-            raise TypeError(
-                f"namespace must be hashable, got {type(namespace).__name__}"
-            ) from None
+        return self._roots.get(check_namespace(namespace))
 
     def _common_blocks(self, child: _Node, arr: np.ndarray, start: int, stop: int) -> int:
         """Whole blocks on which ``child``'s tokens and ``arr[start:stop]`` agree (rounded DOWN)."""
