@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import xxhash
+from cache_helpers import hit, serve
 
 from radixkv import BlockAllocator
 from radixkv import block_hash as block_hash_module
@@ -22,21 +23,6 @@ from radixkv.hashcache import HashBlockCache
 def make(num_blocks: int = 64, block_size: int = 2, **kw):
     alloc = BlockAllocator(num_blocks=num_blocks, block_size=block_size)
     return alloc, HashBlockCache(alloc, **kw)
-
-
-def serve(alloc: BlockAllocator, cache: HashBlockCache, tokens, ns=None) -> list[int]:
-    m = cache.match(tokens, namespace=ns)
-    blocks = m.blocks + alloc.alloc(len(tokens) // alloc.block_size - len(m.blocks))
-    cache.insert(tokens, blocks, namespace=ns)
-    alloc.decref(blocks)
-    cache.check()
-    return blocks
-
-
-def hit(cache: HashBlockCache, tokens, namespace=None) -> int:
-    m = cache.match(tokens, namespace=namespace)
-    cache.allocator.decref(m.blocks)
-    return m.num_tokens
 
 
 def tok(*ids: int) -> bytes:

@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from cache_helpers import hit, lcp, serve
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixkv import BlockAllocator, MatchResult
+from radixkv import BlockAllocator
 from radixkv.hashcache import HashBlockCache
 from radixkv.prefix_cache import PrefixCache
 from radixkv.radix import RadixCache
@@ -39,25 +40,6 @@ def factory(request: pytest.FixtureRequest) -> Factory:
 def make(factory: Factory, num_blocks: int = 64, block_size: int = 2):
     alloc = BlockAllocator(num_blocks=num_blocks, block_size=block_size)
     return alloc, factory(alloc)
-
-
-def serve(alloc: BlockAllocator, cache: PrefixCache, tokens, ns=None) -> MatchResult:
-    """One request: match, alloc the rest (evicting if short), insert, let go."""
-    m = cache.match(tokens, namespace=ns)
-    need = len(tokens) // alloc.block_size - len(m.blocks)
-    if need > alloc.num_free:
-        cache.evict(need - alloc.num_free)
-    blocks = m.blocks + alloc.alloc(need)
-    cache.insert(tokens, blocks, namespace=ns)
-    alloc.decref(blocks)
-    cache.check()
-    return m
-
-
-def hit(cache: PrefixCache, tokens, namespace=None) -> int:
-    m = cache.match(tokens, namespace=namespace)
-    cache.allocator.decref(m.blocks)
-    return m.num_tokens
 
 
 def snapshot(alloc: BlockAllocator, cache: PrefixCache) -> tuple:
@@ -163,17 +145,8 @@ def test_match_equals_the_longest_inserted_prefix(factory: Factory, block_size: 
     for s in seqs:
         serve(alloc, cache, s)
     for q in ([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 9, 9, 9], [1, 2], [4, 4, 4], [5]):
-        best = max(_lcp(q, s) for s in seqs)
+        best = max(lcp(q, s) for s in seqs)
         assert hit(cache, q) == (best // block_size) * block_size
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # -------------------------------------------------------------- namespaces

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cache_helpers import hit, serve
 
 from radixkv import BlockAllocator, MatchResult, OutOfBlocks, RadixCache
 
@@ -11,26 +12,6 @@ from radixkv import BlockAllocator, MatchResult, OutOfBlocks, RadixCache
 def make(num_blocks: int = 64, block_size: int = 2, eviction: str = "level"):
     alloc = BlockAllocator(num_blocks=num_blocks, block_size=block_size)
     return alloc, RadixCache(alloc, eviction=eviction)
-
-
-def serve(alloc: BlockAllocator, cache: RadixCache, tokens: list[int], ns=None) -> MatchResult:
-    """One request: match, alloc the rest, insert, let go. Returns the match."""
-    m = cache.match(tokens, namespace=ns)
-    need = len(tokens) // alloc.block_size - len(m.blocks)
-    if need > alloc.num_free:
-        cache.evict(need - alloc.num_free)
-    blocks = m.blocks + alloc.alloc(need)
-    cache.insert(tokens, blocks, namespace=ns)
-    alloc.decref(blocks)
-    cache.check()
-    return m
-
-
-def hit(cache: RadixCache, tokens, namespace=None) -> int:
-    """Matched tokens of a probe that lets go of its references at once."""
-    m = cache.match(tokens, namespace=namespace)
-    cache.allocator.decref(m.blocks)
-    return m.num_tokens
 
 
 def release(alloc: BlockAllocator, m: MatchResult) -> None:

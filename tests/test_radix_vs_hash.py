@@ -4,6 +4,7 @@ a brute-force oracle (the longest block-aligned prefix of any inserted sequence)
 
 from __future__ import annotations
 
+from cache_helpers import lcp
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,15 +17,6 @@ ops = st.lists(
     st.tuples(st.sampled_from(["insert", "match"]), token_seqs, st.sampled_from([None, "b"])),
     max_size=40,
 )
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @given(
@@ -45,7 +37,7 @@ def test_radix_and_hash_agree_without_eviction(
         caches.append((alloc, make(alloc)))
     inserted: dict[object, list[list[int]]] = {}
     for op, seq, ns in ops:
-        best = max((_lcp(seq, s) for s in inserted.get(ns, [])), default=0)
+        best = max((lcp(seq, s) for s in inserted.get(ns, [])), default=0)
         expect = best // block_size * block_size
         got = []
         for alloc, cache in caches:

@@ -335,21 +335,23 @@ def test_random_workloads_keep_every_invariant(seed, bs, cache, policy, budget, 
 
 
 # ------------------------------------------------------------------ policies
-def _warm_scheduler(policy: str) -> tuple[Scheduler, Driver, np.ndarray]:
+def _cold_and_warm_queued(policy: str) -> tuple[Scheduler, Driver, Request, Request]:
+    """A cached 32-token prefix, then a cold and a warm request queued in that order and
+    one step taken with room for a single running request."""
     sched = make_sched("radix", 64, 4, max_num_seqs=1, policy=policy)
     d = Driver(sched)
     hot = np.arange(1, 33)
     d.run([Request(hot, SamplingParams(max_new_tokens=1))])
-    return sched, d, hot
-
-
-def test_fcfs_admits_in_arrival_order():
-    sched, d, hot = _warm_scheduler("fcfs")
     cold = Request(np.arange(40, 50), SamplingParams(max_new_tokens=2))
     warm = Request(np.concatenate([hot, [5, 6]]), SamplingParams(max_new_tokens=2))
     sched.add_request(cold)
     sched.add_request(warm)
     d.step()
+    return sched, d, cold, warm
+
+
+def test_fcfs_admits_in_arrival_order():
+    sched, d, cold, warm = _cold_and_warm_queued("fcfs")
     assert sched.running == [cold]
     while sched.has_unfinished():
         d.step()
@@ -358,12 +360,7 @@ def test_fcfs_admits_in_arrival_order():
 
 
 def test_lpm_admits_the_longest_cached_prefix_first():
-    sched, d, hot = _warm_scheduler("lpm")
-    cold = Request(np.arange(40, 50), SamplingParams(max_new_tokens=2))
-    warm = Request(np.concatenate([hot, [5, 6]]), SamplingParams(max_new_tokens=2))
-    sched.add_request(cold)
-    sched.add_request(warm)
-    d.step()
+    sched, d, cold, warm = _cold_and_warm_queued("lpm")
     assert sched.running == [warm]
     assert warm.cached_tokens == 32
     while sched.has_unfinished():
