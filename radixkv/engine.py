@@ -171,6 +171,8 @@ def build_forward_batch(
 
     Slots come from each request's block table, so cached positions (the
     matched blocks at the head of the table) are read from the cache's blocks.
+    Block tables stay on the CPU: the attention metadata concatenates them and
+    moves them to ``device`` in one copy, not one per sequence.
     """
     ids, positions, slots, query_lens, context_lens, tables = [], [], [], [], [], []
     for seq in out.seqs:
@@ -191,7 +193,7 @@ def build_forward_batch(
         slot_mapping=tensor(slots),
         query_lens=query_lens,
         context_lens=context_lens,
-        block_tables=[torch.tensor(t, dtype=torch.int64, device=device) for t in tables],
+        block_tables=[torch.tensor(t, dtype=torch.int64) for t in tables],
     )
 
 
