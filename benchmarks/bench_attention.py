@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 from bench_common import write_csv
 
-from radixkv.attention import ATTENTION_BACKENDS, AttentionMetadata, paged_attention
-from radixkv.forward_batch import ForwardBatch
-from radixkv.kvpool import KVPool
 from radixkv.model import Decoder, ModelConfig, random_model
+from radixkv.model.attention import ATTENTION_BACKENDS, AttentionMetadata, paged_attention
+from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.kvpool import KVPool
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 

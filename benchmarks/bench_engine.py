@@ -1,6 +1,6 @@
 """Engine benchmark: a shared-system-prompt chat workload, cache off vs radix vs hash, fcfs vs lpm.
 
-Workload (``radixkv.chat_workload.ChatWorkload``): ``--users`` conversations
+Workload (``radixkv.workloads.ChatWorkload``): ``--users`` conversations
 share one ``--system-len``-token system prompt and run ``--turns`` turns; every
 user's turn is submitted at once (a wave), and turn ``t + 1``'s prompt is turn
 ``t``'s prompt + reply + a new message. Replies are greedy and never stop early,
@@ -41,16 +41,16 @@ import numpy as np
 import torch
 from bench_common import write_csv
 
-from radixkv.chat_workload import ChatWorkload, IdealPrefill
 from radixkv.engine import Engine, EngineConfig, EngineStats
-from radixkv.kvpool import default_device
+from radixkv.engine.request import SamplingParams
 from radixkv.model import (
     DECODER_BACKENDS,
     SMALL_CONFIG,
     preferred_attention_backend,
     random_model,
 )
-from radixkv.request import SamplingParams
+from radixkv.model.kvpool import default_device
+from radixkv.workloads import ChatWorkload, IdealPrefill
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -70,7 +70,7 @@ def load_model(name: str, seed: int, device: torch.device, dtype: torch.dtype):
         model = random_model(SMALL_CONFIG, seed=seed).to(device=device, dtype=dtype)
         return model, "random decoder (4 layers, hidden 256, vocab 2048)"
     from radixkv.model import from_pretrained
-    from radixkv.tokenizer import smollm2_gguf_path
+    from radixkv.model.tokenizer import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

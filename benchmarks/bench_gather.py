@@ -8,7 +8,7 @@ scattered over a pool of ``--layers`` layers, so nothing stays in cache):
 - ``slot``: ``index_select`` over every context slot into new tensors (the
   baseline: what the engine did first);
 - ``block``: ``index_select`` over whole blocks into new tensors;
-- ``block+ws``: whole blocks into a reused :class:`~radixkv.attention.GatherWorkspace`
+- ``block+ws``: whole blocks into a reused :class:`~radixkv.model.attention.GatherWorkspace`
   (what the engine does now).
 
 ``gather`` times the copies of one step over all layers (K and V);
@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 from bench_common import write_csv
 
-from radixkv.attention import GatherWorkspace
-from radixkv.attention import _gather as gather_kv  # the engine's own gather
-from radixkv.forward_batch import ForwardBatch
 from radixkv.model import ModelConfig, random_model
+from radixkv.model.attention import GatherWorkspace
+from radixkv.model.attention import _gather as gather_kv  # the engine's own gather
+from radixkv.model.forward_batch import ForwardBatch
 
 
 def engine_step(

@@ -35,9 +35,9 @@ from bench_common import write_csv
 from granularity_workloads import WORKLOADS, ideal_hit_tokens
 
 from radixkv import BlockAllocator
-from radixkv.hashcache import HashBlockCache
-from radixkv.prefix_cache import PrefixCache
-from radixkv.radix import RadixCache
+from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.radix import RadixCache
 
 CACHES = ("radix", "hash")
 ROOT = Path(__file__).resolve().parent

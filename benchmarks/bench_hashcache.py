@@ -32,10 +32,10 @@ import numpy as np
 from bench_common import write_csv
 
 from radixkv import BlockAllocator
-from radixkv.block_hash import BlockHasher
-from radixkv.hashcache import HashBlockCache
-from radixkv.prefix_cache import PrefixCache
-from radixkv.radix import RadixCache
+from radixkv.cache.block_hash import BlockHasher
+from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.radix import RadixCache
 
 VLLM_REFERENCE = {"hit": 0.62, "miss": 1.5, "sha256": 11e6}  # us/block, us/block, tokens/s
 

@@ -1,14 +1,20 @@
 """radixkv: radix-tree KV prefix caching for LLM serving.
 
-``import radixkv`` stays light: the cache, allocator and replay work on numpy
-arrays and plain ints; torch is imported only by the KV pool, model and engine.
+``import radixkv`` loads the cache tier only (numpy, numba, sortedcontainers):
+the allocator, both prefix caches and their records. The model and the engine
+(``radixkv.model``, ``radixkv.engine``) need torch, installed with the
+``engine`` extra; trace replay (``radixkv.replay``) does not.
 """
 
-from radixkv.allocator import BlockAllocator, OutOfBlocks
-from radixkv.hashcache import HashBlockCache
-from radixkv.prefix_cache import PrefixCache
-from radixkv.radix import RadixCache
-from radixkv.results import CacheStats, MatchResult
+from radixkv.cache import (
+    BlockAllocator,
+    CacheStats,
+    HashBlockCache,
+    MatchResult,
+    OutOfBlocks,
+    PrefixCache,
+    RadixCache,
+)
 
 __all__ = [
     "BlockAllocator",

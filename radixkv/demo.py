@@ -94,12 +94,12 @@ def _load(args: argparse.Namespace):
 
     path = None
     if not args.random_model:
-        from radixkv.tokenizer import smollm2_gguf_path
+        from radixkv.model.tokenizer import smollm2_gguf_path
 
         path = smollm2_gguf_path()
     if path is not None:
         from radixkv.model import from_pretrained
-        from radixkv.tokenizer import load_gguf_tokenizer
+        from radixkv.model.tokenizer import load_gguf_tokenizer
 
         print(f"Loading SmolLM2-135M-Instruct from {path} ...", flush=True)
         tok = load_gguf_tokenizer(path)
@@ -122,7 +122,7 @@ def _load(args: argparse.Namespace):
 def _run(model, chat: _Chat, args: argparse.Namespace, cache: str | None, bar) -> tuple:
     """One pass of the whole workload; returns (per-turn completions, wall seconds, engine)."""
     from radixkv.engine import Engine, EngineConfig
-    from radixkv.request import SamplingParams
+    from radixkv.engine.request import SamplingParams
 
     engine = Engine(
         model,

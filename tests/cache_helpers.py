@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from radixkv.allocator import BlockAllocator
-from radixkv.prefix_cache import PrefixCache
+from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.protocol import PrefixCache
 
 
 def serve(alloc: BlockAllocator, cache: PrefixCache, tokens, ns=None) -> list[int]:

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from radixkv.forward_batch import ForwardBatch
 from radixkv.model import Decoder, ModelConfig
+from radixkv.model.forward_batch import ForwardBatch
 
 # Tests that take a ``device`` run on the CPU always and on CUDA when a GPU is visible;
 # ``pytest -m cuda`` selects the GPU half.

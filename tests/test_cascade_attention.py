@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_helpers import GQA, PagedSession, check_against_dense
 
-import radixkv.cascade_attention as cascade
-from radixkv.attention import AttentionMetadata, _causal_mask
-from radixkv.cascade_attention import MIN_PREFIX_BLOCKS, _attend, plan_cascade
-from radixkv.forward_batch import ForwardBatch
+import radixkv.model.cascade as cascade
 from radixkv.model import random_model
+from radixkv.model.attention import AttentionMetadata, _causal_mask
+from radixkv.model.cascade import MIN_PREFIX_BLOCKS, _attend, plan_cascade
+from radixkv.model.forward_batch import ForwardBatch
 
 torch.set_num_threads(1)
 
@@ -103,7 +103,7 @@ def test_cascade_matches_dense_with_a_shared_prefix(flash: bool, monkeypatch) ->
         plans.append(real(meta))
         return plans[-1]
 
-    monkeypatch.setattr("radixkv.model.plan_cascade", spy)
+    monkeypatch.setattr("radixkv.model.decoder.plan_cascade", spy)
     # prefill tails in chunks alongside each other, then decode all four together
     for plan in ({0: 9, 1: 4, 2: 5}, {1: 2, 2: 6, 3: 3}):
         check_against_dense(model, s, s.step(plan))

@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import DEVICES, on_device
 
-from radixkv.chat_workload import ChatWorkload, IdealPrefill
 from radixkv.engine import Engine, EngineConfig, EngineStats
-from radixkv.kvpool import KVPool
+from radixkv.engine.request import SamplingParams
 from radixkv.model import DECODER_BACKENDS, ModelConfig, random_model
-from radixkv.request import SamplingParams
+from radixkv.model.kvpool import KVPool
+from radixkv.workloads import ChatWorkload, IdealPrefill
 
 torch.set_num_threads(1)
 

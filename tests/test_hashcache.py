@@ -15,9 +15,9 @@ import xxhash
 from cache_helpers import hit, serve
 
 from radixkv import BlockAllocator
-from radixkv import block_hash as block_hash_module
-from radixkv.block_hash import BlockHasher, namespace_bytes
-from radixkv.hashcache import HashBlockCache
+from radixkv.cache import block_hash as block_hash_module
+from radixkv.cache.block_hash import BlockHasher, namespace_bytes
+from radixkv.cache.hashcache import HashBlockCache
 
 
 def make(num_blocks: int = 64, block_size: int = 2, **kw):
@@ -66,7 +66,7 @@ def test_a_different_first_token_changes_every_name() -> None:
 
 def test_seeded_names_are_stable_across_processes() -> None:
     code = (
-        "from radixkv.hashcache import HashBlockCache; from radixkv import BlockAllocator;"
+        "from radixkv.cache.hashcache import HashBlockCache; from radixkv import BlockAllocator;"
         "c = HashBlockCache(BlockAllocator(4, 2), hash_fn='{}', hash_seed=7);"
         "print([n.hex() for n in c.block_names([1, 2, 3, 4], namespace='x')])"
     )

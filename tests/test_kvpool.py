@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import DEVICES
 
-from radixkv.kvpool import KVPool, default_device, slots_for_positions
+from radixkv.model.kvpool import KVPool, default_device, slots_for_positions
 
 torch.set_num_threads(1)
 

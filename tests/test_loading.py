@@ -11,12 +11,12 @@ import pytest
 import torch
 from model_helpers import DEVICES, PagedSession, on_device, paged_greedy
 
-from radixkv.loading import (
+from radixkv.model import Decoder, ModelConfig, from_pretrained, random_model
+from radixkv.model.loading import (
     config_from_hf,
     permute_qk_for_gguf,
     unpermute_qk_from_gguf,
 )
-from radixkv.model import Decoder, ModelConfig, from_pretrained, random_model
 
 torch.set_num_threads(1)
 

@@ -18,16 +18,10 @@ from model_helpers import (
     paged_greedy,
 )
 
-from radixkv.attention import GatherWorkspace
-from radixkv.forward_batch import ForwardBatch
-from radixkv.model import (
-    DECODER_BACKENDS,
-    Decoder,
-    apply_rope,
-    preferred_attention_backend,
-    random_model,
-    rope_cos_sin,
-)
+from radixkv.model import DECODER_BACKENDS, Decoder, preferred_attention_backend, random_model
+from radixkv.model.decoder import apply_rope, rope_cos_sin
+from radixkv.model.attention import GatherWorkspace
+from radixkv.model.forward_batch import ForwardBatch
 
 torch.set_num_threads(1)
 

@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv import BlockAllocator
-from radixkv.hashcache import HashBlockCache
-from radixkv.prefix_cache import PrefixCache
-from radixkv.radix import RadixCache
+from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.radix import RadixCache
 
 Factory = Callable[[BlockAllocator], PrefixCache]
 

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv import BlockAllocator
-from radixkv.hashcache import HashBlockCache
-from radixkv.radix import RadixCache
+from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.radix import RadixCache
 
 token_seqs = st.lists(st.integers(0, 3), max_size=24)
 ops = st.lists(

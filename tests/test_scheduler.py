@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixkv.allocator import BlockAllocator
-from radixkv.chat_workload import ChatWorkload, IdealPrefill
+from radixkv.cache.allocator import BlockAllocator
 from radixkv.engine import make_cache
-from radixkv.request import Request, RequestStatus, SamplingParams
-from radixkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from radixkv.engine.request import Request, RequestStatus, SamplingParams
+from radixkv.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from radixkv.workloads import ChatWorkload, IdealPrefill
 
 VOCAB = 50
 

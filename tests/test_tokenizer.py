@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from radixkv.tokenizer import GGUFTokenizer, load_gguf_tokenizer, smollm2_gguf_path
+from radixkv.model.tokenizer import GGUFTokenizer, load_gguf_tokenizer, smollm2_gguf_path
 
 gguf = pytest.importorskip("gguf")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixkv.allocator import BlockAllocator
-from radixkv.radix import RadixCache
+from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.radix import RadixCache
 from radixkv.replay.trace import Trace
 
 __all__ = ["RadixReplayer", "radix_replay"]

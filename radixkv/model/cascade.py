@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixkv.attention import AttentionMetadata, GatherWorkspace, _fold, _gather, _unfold
+from radixkv.model.attention import AttentionMetadata, GatherWorkspace, _fold, _gather, _unfold
 
 __all__ = ["MIN_PREFIX_BLOCKS", "CascadePlan", "cascade_attention", "plan_cascade"]
 
@@ -155,7 +155,7 @@ def cascade_attention(
 ) -> torch.Tensor:
     """Attention of the batch's queries over their paged contexts, shared prefixes once.
 
-    Same contract as :func:`radixkv.attention.paged_attention`: ``q`` is
+    Same contract as :func:`radixkv.model.attention.paged_attention`: ``q`` is
     ``[num_tokens, num_heads, head_dim]``, ``k_cache``/``v_cache`` one layer of
     the pool holding this step's K/V; returns ``[num_tokens, num_heads * head_dim]``.
     """

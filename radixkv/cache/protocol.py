@@ -27,9 +27,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from radixkv.allocator import BlockAllocator
-from radixkv.results import CacheStats, MatchResult
-from radixkv.tokens import TokenSeq
+from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.arrays import TokenSeq
+from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = ["PrefixCache", "check_namespace", "check_num_blocks", "release_held"]
 
@@ -39,7 +39,7 @@ class PrefixCache(Protocol):
     """A block-level prefix cache over a ``BlockAllocator``.
 
     ``tokens`` arguments accept a list/tuple of ints, a 1-D integer numpy
-    array or a 1-D integer torch tensor (see ``radixkv.tokens``); anything
+    array or a 1-D integer torch tensor (see ``radixkv.cache.arrays``); anything
     else raises ``TypeError`` / ``ValueError`` with the cache unchanged.
     ``namespace`` is any hashable (a tenant, a LoRA adapter, a cache salt):
     equal tokens under different namespaces never share blocks.

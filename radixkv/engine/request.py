@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
 
 __all__ = ["FinishReason", "Request", "RequestStats", "RequestStatus", "SamplingParams"]
 

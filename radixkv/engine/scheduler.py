@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radixkv.allocator import BlockAllocator
-from radixkv.prefix_cache import PrefixCache
-from radixkv.request import Request, RequestStatus
+from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.protocol import PrefixCache
+from radixkv.engine.request import Request, RequestStatus
 
 __all__ = ["POLICIES", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
@@ -112,7 +112,7 @@ class Scheduler:
     Ownership: every block in a running request's ``block_table`` carries one
     reference owned by that request; the scheduler gives it back on finish or
     preemption. Waiting and finished requests hold no blocks. ``cache`` is any
-    object with the :class:`~radixkv.prefix_cache.PrefixCache` surface over the
+    object with the :class:`~radixkv.cache.protocol.PrefixCache` surface over the
     same allocator, or None (no caching).
     """
 

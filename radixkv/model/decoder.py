@@ -4,7 +4,7 @@ Token embedding, RMSNorm (computed in float32), rotary embeddings (Hugging Face
 Llama's ``rotate_half`` layout), grouped-query attention, SwiGLU MLP; optional
 per-head q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2); tied or untied LM head.
 Parameter names mirror Hugging Face's (without the ``model.`` prefix) so
-checkpoints load by name (:mod:`radixkv.loading`).
+checkpoints load by name (:mod:`radixkv.model.loading`).
 
 ``Decoder.forward`` runs one scheduler step (:class:`ForwardBatch`): it writes
 every new token's K/V into the pool at ``slot_mapping`` and attends over each
@@ -15,13 +15,11 @@ no-cache reference for one sequence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from radixkv.attention import (
+from radixkv.model.attention import (
     ATTENTION_BACKENDS,
     AttentionMetadata,
     GatherWorkspace,
@@ -29,21 +27,19 @@ from radixkv.attention import (
     paged_attention,
     validate_batch,
 )
-from radixkv.cascade_attention import cascade_attention, plan_cascade
-from radixkv.forward_batch import ForwardBatch
-from radixkv.kvpool import KVPool
+from radixkv.model.cascade import cascade_attention, plan_cascade
+from radixkv.model.config import ModelConfig
+from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.kvpool import KVPool
 
 __all__ = [
     "DECODER_BACKENDS",
-    "SMALL_CONFIG",
     "Decoder",
-    "ModelConfig",
-    "from_pretrained",
     "preferred_attention_backend",
     "random_model",
 ]
 
-# The paged backends plus cascade attention (radixkv.cascade_attention), which reads the
+# The paged backends plus cascade attention (radixkv.model.cascade), which reads the
 # prefix blocks that a step's sequences share once for all of them.
 DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade")
 
@@ -64,56 +60,6 @@ def preferred_attention_backend(device: torch.device | str) -> str:
     """
     kind = torch.device(device).type
     return {"cpu": "cascade", "cuda": "padded"}.get(kind, "loop")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape and options of a Llama-family decoder.
-
-    ``qkv_bias``: biases on q/k/v projections (Qwen2); ``o_bias``/``mlp_bias``:
-    on the output projection / MLP (Llama's ``attention_bias`` sets both
-    ``qkv_bias`` and ``o_bias``); ``qk_norm``: per-head RMSNorm on q and k
-    before RoPE (Qwen3).
-    """
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = True
-    qk_norm: bool = False
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-
-    def __post_init__(self) -> None:
-        for f in fields(self)[:7]:
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{f.name} must be a positive int, got {value!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        for name in ("rope_theta", "rms_norm_eps"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-        for name in ("tie_word_embeddings", "qk_norm", "qkv_bias", "o_bias", "mlp_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per KV head."""
-        return self.num_heads // self.num_kv_heads
 
 
 class Linear(nn.Linear):
@@ -364,18 +310,6 @@ class Decoder(nn.Module):
         return out
 
 
-# A small decoder for the demo and benchmarks when no real model is at hand.
-SMALL_CONFIG = ModelConfig(
-    vocab_size=2048,
-    hidden_size=256,
-    intermediate_size=688,
-    num_layers=4,
-    num_heads=8,
-    num_kv_heads=2,
-    head_dim=32,
-)
-
-
 def random_model(
     config: ModelConfig,
     seed: int = 0,
@@ -403,14 +337,3 @@ def random_model(
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
     return model.eval()
-
-
-def from_pretrained(
-    path: str | Path,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-) -> Decoder:
-    """Load a local Hugging Face directory or GGUF file; see :mod:`radixkv.loading`."""
-    from radixkv.loading import from_pretrained as load
-
-    return load(path, dtype=dtype, device=device)

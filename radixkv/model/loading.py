@@ -4,7 +4,7 @@
   ``qwen3`` model. ``rope_theta`` is read at the top level or under
   ``rope_parameters`` (newer ``transformers``); a tied LM head may be absent
   from the weights.
-- GGUF (``general.architecture == "llama"``), parsed by :mod:`radixkv.gguf_file`:
+- GGUF (``general.architecture == "llama"``), parsed by :mod:`radixkv.model.gguf_file`:
   every tensor is dequantized to float32 by the ``gguf`` package, then cast to
   the compute dtype, and llama.cpp's row permutation of ``attn_q``/``attn_k`` (which interleaves the
   two rotary halves of each head) is undone to get Hugging Face's layout back.
@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixkv.gguf_file import GGUFFile, read_gguf
-from radixkv.kvpool import default_device
-from radixkv.model import Decoder, ModelConfig
+from radixkv.model.config import ModelConfig
+from radixkv.model.decoder import Decoder
+from radixkv.model.gguf_file import GGUFFile, read_gguf
+from radixkv.model.kvpool import default_device
 
 __all__ = [
     "config_from_gguf",

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from radixkv import _kernels
+from radixkv.cache import kernels
 
 __all__ = ["BlockAllocator", "OutOfBlocks"]
 
@@ -160,13 +160,13 @@ class BlockAllocator:
         Allocation is checked (``ValueError``, nothing changed); distinctness is
         the caller's promise. Complexity: O(n), one compiled pass.
         """
-        bad = _kernels.incref_distinct(self._refcount, blocks)
+        bad = kernels.incref_distinct(self._refcount, blocks)
         if bad >= 0:
             raise ValueError(f"block {int(blocks[bad])} is not allocated (refcount 0)")
 
     def decref_distinct(self, blocks: np.ndarray) -> int:
         """``decref`` for an int array of distinct, allocated blocks; returns blocks freed."""
-        top = _kernels.decref_distinct(self._refcount, blocks, self._free, self._num_free)
+        top = kernels.decref_distinct(self._refcount, blocks, self._free, self._num_free)
         if top < 0:
             raise ValueError(f"block {int(blocks[-1 - top])} is not allocated (refcount 0)")
         freed = top - self._num_free

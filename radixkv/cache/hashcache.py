@@ -1,7 +1,7 @@
 """HashBlockCache: vLLM-style prefix caching with chained block hashes.
 
 Each full block of a request is named by ``H(parent name, block tokens, extra
-keys)`` (``radixkv.block_hash``); a dict maps name -> block. Lookup walks the
+keys)`` (``radixkv.cache.block_hash``); a dict maps name -> block. Lookup walks the
 names left to right and stops at the first miss. Only full blocks are named.
 The namespace enters the first block's extra keys, so different namespaces
 never share a block.
@@ -52,11 +52,11 @@ from itertools import islice
 
 import numpy as np
 
-from radixkv.allocator import BlockAllocator, as_block_array
-from radixkv.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
-from radixkv.prefix_cache import check_namespace, check_num_blocks, release_held
-from radixkv.results import CacheStats, MatchResult
-from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.allocator import BlockAllocator, as_block_array
+from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
+from radixkv.cache.protocol import check_namespace, check_num_blocks, release_held
+from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = ["HashBlockCache"]
 
@@ -68,7 +68,7 @@ class HashBlockCache:
     """Block-level prefix cache over a ``BlockAllocator`` keyed by chained block hashes.
 
     Same public surface and ownership rules as ``RadixCache``
-    (``radixkv.prefix_cache.PrefixCache``). ``hash_fn`` is ``"sha256"``,
+    (``radixkv.cache.protocol.PrefixCache``). ``hash_fn`` is ``"sha256"``,
     ``"xxhash"``, ``"builtin"`` or a callable ``f(parent, block_bytes, extra)``;
     ``hash_seed`` (str, bytes or int) fixes the root name so names are stable
     across processes (sha256 / xxhash); None draws a random root.

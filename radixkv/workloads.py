@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
 
 __all__ = ["ChatWorkload", "IdealPrefill", "common_prefix_len"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixkv.gguf_file import GGUFFile, read_gguf
+from radixkv.model.gguf_file import GGUFFile, read_gguf
 
 __all__ = ["GGUFTokenizer", "load_gguf_tokenizer", "smollm2_gguf_path"]
 
@@ -142,8 +142,8 @@ def _render(
 def load_gguf_tokenizer(path: str | Path | GGUFFile) -> GGUFTokenizer:
     """Build the byte-level BPE tokenizer (``tokenizer.ggml.model == "gpt2"``) of a GGUF file.
 
-    ``path`` may also be a parsed :class:`~radixkv.gguf_file.GGUFFile` (share
-    one with :func:`radixkv.loading.load_gguf`). Raises ``ValueError`` for
+    ``path`` may also be a parsed :class:`~radixkv.model.gguf_file.GGUFFile` (share
+    one with :func:`radixkv.model.loading.load_gguf`). Raises ``ValueError`` for
     another tokenizer model or missing vocab/merges.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers

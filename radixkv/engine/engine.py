@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixkv.allocator import BlockAllocator
-from radixkv.forward_batch import ForwardBatch
-from radixkv.kvpool import KVPool
-from radixkv.prefix_cache import PrefixCache
-from radixkv.request import Request, RequestStats, SamplingParams
-from radixkv.scheduler import POLICIES, Scheduler, SchedulerConfig, SchedulerOutput
-from radixkv.tokens import TokenSeq
+from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.arrays import TokenSeq
+from radixkv.cache.protocol import PrefixCache
+from radixkv.engine.request import Request, RequestStats, SamplingParams
+from radixkv.engine.scheduler import POLICIES, Scheduler, SchedulerConfig, SchedulerOutput
+from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.kvpool import KVPool
 
 __all__ = [
     "CACHE_KINDS",
@@ -50,7 +50,7 @@ class EngineConfig:
 
     - ``num_blocks``: KV pool blocks; None sizes the pool from ``kv_memory_bytes``.
     - ``cache``: ``"radix"`` (:class:`~radixkv.RadixCache`), ``"hash"``
-      (:class:`~radixkv.hashcache.HashBlockCache`) or None (no caching).
+      (:class:`~radixkv.cache.hashcache.HashBlockCache`) or None (no caching).
     - ``eviction``: the radix cache's eviction order (``"level"`` or ``"lru"``).
     - ``kv_dtype`` / ``device``: of the pool; None takes the model's.
     """
@@ -154,11 +154,11 @@ def make_cache(
     if kind is None:
         return None
     if kind == "radix":
-        from radixkv.radix import RadixCache
+        from radixkv.cache.radix import RadixCache
 
         return RadixCache(allocator, eviction=eviction)
     if kind == "hash":
-        from radixkv.hashcache import HashBlockCache
+        from radixkv.cache.hashcache import HashBlockCache
 
         return HashBlockCache(allocator, hash_seed=0)
     raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")
@@ -204,7 +204,7 @@ class Engine:
     kv) -> logits [num_seqs, vocab]`` and ``make_kv_pool(num_blocks,
     block_size, dtype, device)``. ``cache_factory`` (``allocator -> cache``)
     overrides ``config.cache`` with any object of the
-    :class:`~radixkv.prefix_cache.PrefixCache` surface.
+    :class:`~radixkv.cache.protocol.PrefixCache` surface.
     """
 
     def __init__(

@@ -32,12 +32,12 @@ from dataclasses import replace
 import numpy as np
 from sortedcontainers import SortedList
 
-from radixkv import _kernels
-from radixkv.allocator import BlockAllocator, as_block_array
-from radixkv.eviction import EvictionOrder, make_eviction_order
-from radixkv.prefix_cache import check_namespace, check_num_blocks, release_held
-from radixkv.results import CacheStats, MatchResult
-from radixkv.tokens import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache import kernels
+from radixkv.cache.allocator import BlockAllocator, as_block_array
+from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.eviction import EvictionOrder, make_eviction_order
+from radixkv.cache.protocol import check_namespace, check_num_blocks, release_held
+from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = ["CacheStats", "MatchResult", "RadixCache"]
 
@@ -75,7 +75,7 @@ class RadixCache:
 
     ``eviction`` is ``"level"`` (deepest leaves first, LRU within a depth),
     ``"lru"`` (least recently used leaf first) or an object with a
-    ``key(node)`` method (see ``radixkv.eviction``).
+    ``key(node)`` method (see ``radixkv.cache.eviction``).
 
     >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
     >>> cache = RadixCache(alloc)
@@ -133,7 +133,7 @@ class RadixCache:
         Complexity: O(nodes + cached blocks), vectorised per node.
         """
         rc = self._alloc.refcount_array
-        last_busy = _kernels.last_busy
+        last_busy = kernels.last_busy
         total = 0
         for root in self._roots.values():
             # Post-order: a node is evictable iff its blocks are free of requests and
@@ -266,7 +266,7 @@ class RadixCache:
         num_cached = pos // bb
         new = blk[num_cached:]
         # Validates, and marks the adopted blocks held (undone if it fails).
-        reason, i = _kernels.claim_for_insert(self._rc, self._held, blk, num_cached)
+        reason, i = kernels.claim_for_insert(self._rc, self._held, blk, num_cached)
         if reason:
             b = int(blk[i])
             if reason == 1 and not 0 <= b < self._alloc.num_blocks:
@@ -317,7 +317,7 @@ class RadixCache:
         check_num_blocks(num_blocks)
         alloc, leaves, held, bb = self._alloc, self._leaves, self._held, self._block_bytes
         rc = alloc.refcount_array
-        last_busy = _kernels.last_busy
+        last_busy = kernels.last_busy
         key = self._order.key
         freed = 0
         skipped = []
@@ -344,7 +344,7 @@ class RadixCache:
             del parent.children[node.key[:bb]]
             node.parent = None
             freed += alloc.decref_distinct(node.blocks)
-            _kernels.set_flags(held, node.blocks, False)
+            kernels.set_flags(held, node.blocks, False)
             self._num_cached -= len(node.blocks)
             if parent.parent is not None and not parent.children:
                 self._index(parent)
@@ -372,7 +372,7 @@ class RadixCache:
 
     def _common_blocks(self, child: _Node, arr: np.ndarray, start: int, stop: int) -> int:
         """Whole blocks on which ``child``'s tokens and ``arr[start:stop]`` agree (rounded DOWN)."""
-        agree = _kernels.common_prefix_len(child.tokens(), arr[start:stop])
+        agree = kernels.common_prefix_len(child.tokens(), arr[start:stop])
         return agree // self._bs
 
     def _split(self, node: _Node, k: int) -> _Node:

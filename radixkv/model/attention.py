@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixkv.forward_batch import ForwardBatch
-from radixkv.kvpool import slots_for_positions
+from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.kvpool import slots_for_positions
 
 __all__ = [
     "ATTENTION_BACKENDS",
