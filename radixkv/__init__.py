@@ -1,9 +1,10 @@
 """radixkv: radix-tree KV prefix caching for LLM serving.
 
-``import radixkv`` loads the cache tier only (numpy, numba, sortedcontainers):
-the allocator, both prefix caches and their records. The model and the engine
-(``radixkv.model``, ``radixkv.engine``) need torch, installed with the
-``engine`` extra; trace replay (``radixkv.replay``) does not.
+``import radixkv`` loads the cache tier only (numpy, numba, sortedcontainers,
+xxhash): the allocator, the prefix caches (and ``NullCache``, caching off) and
+their records. Trace replay (``radixkv.replay``) needs nothing more. The model
+and the engine (``radixkv.model``, ``radixkv.engine``) need torch: ``pip install
+'radixkv[engine]'``; ``radixkv sweep``'s plot needs ``radixkv[plot]``.
 """
 
 from radixkv.cache import (
@@ -11,6 +12,7 @@ from radixkv.cache import (
     CacheStats,
     HashBlockCache,
     MatchResult,
+    NullCache,
     OutOfBlocks,
     PrefixCache,
     RadixCache,
@@ -21,6 +23,7 @@ __all__ = [
     "CacheStats",
     "HashBlockCache",
     "MatchResult",
+    "NullCache",
     "OutOfBlocks",
     "PrefixCache",
     "RadixCache",

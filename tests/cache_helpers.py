@@ -1,4 +1,4 @@
-"""Test helpers shared by the prefix-cache suites: one request's life, a probe, a prefix length."""
+"""Test helpers shared by the prefix-cache suites: one request's life and a probe."""
 
 from __future__ import annotations
 
@@ -27,13 +27,3 @@ def hit(cache: PrefixCache, tokens, namespace=None) -> int:
     m = cache.match(tokens, namespace=namespace)
     cache.allocator.decref(m.blocks)
     return m.num_tokens
-
-
-def lcp(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -1,4 +1,4 @@
-"""BlockAllocator: refcounts, free list, errors that change nothing."""
+"""BlockAllocator: refcounts, free list, errors that change nothing; the array converters."""
 
 import numpy as np
 import pytest
@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv import BlockAllocator, OutOfBlocks
+from radixkv.cache.arrays import as_block_array, as_token_array, common_prefix_len
 
 
 def snapshot(a: BlockAllocator) -> tuple:
@@ -83,9 +84,14 @@ def test_bad_block_ids_rejected(bad: object) -> None:
         a.incref(bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kwargs", [{"num_blocks": 0, "block_size": 1},
-                                    {"num_blocks": 4, "block_size": 0},
-                                    {"num_blocks": 4.0, "block_size": 1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_blocks": 0, "block_size": 1},
+        {"num_blocks": 4, "block_size": 0},
+        {"num_blocks": 4.0, "block_size": 1},
+    ],
+)
 def test_bad_construction(kwargs: dict) -> None:
     with pytest.raises((ValueError, TypeError)):
         BlockAllocator(**kwargs)
@@ -100,8 +106,14 @@ def test_accepts_numpy_and_torch_block_lists() -> None:
     assert [a.refcount(b) for b in blocks] == [3, 3]
 
 
-@given(st.lists(st.tuples(st.sampled_from(["alloc", "incref", "decref"]),
-                          st.integers(0, 5), st.integers(0, 50)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "incref", "decref"]), st.integers(0, 5), st.integers(0, 50)
+        ),
+        max_size=60,
+    )
+)
 def test_refcounts_match_a_counter_oracle(ops: list) -> None:
     a = BlockAllocator(num_blocks=8, block_size=1)
     held: list[int] = []  # one entry per reference held
@@ -131,3 +143,103 @@ def test_refcounts_match_a_counter_oracle(ops: list) -> None:
         for b in range(8):
             assert a.refcount(b) == held.count(b)
         assert a.num_free == 8 - len(set(held))
+
+
+# ------------------------------------------------- arrays: the converters
+CONVERTERS = [as_token_array, as_block_array]
+
+
+@pytest.mark.parametrize("convert", CONVERTERS)
+def test_converters_fast_path_returns_the_array_itself(convert) -> None:
+    arr = np.array([3, 1, 2], dtype=np.int32)
+    assert convert(arr) is arr
+    view = np.arange(10, dtype=np.int32)[::2]  # not contiguous: copied into one that is
+    out = convert(view)
+    assert out.flags.c_contiguous and out.tolist() == [0, 2, 4, 6, 8]
+    assert convert([]).dtype == np.int32 and convert([]).size == 0
+
+
+@pytest.mark.parametrize("convert", CONVERTERS)
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        ("abc", TypeError),
+        (b"ab", TypeError),
+        ([1.5, 2.0], TypeError),
+        (np.zeros((2, 2), dtype=np.int64), ValueError),
+        (np.array([2**31]), ValueError),
+        (np.array([-(2**31) - 1]), ValueError),
+        (None, TypeError),
+    ],
+)
+def test_converters_reject_the_same_bad_input(convert, bad: object, exc: type) -> None:
+    with pytest.raises(exc):
+        convert(bad)
+
+
+def test_converters_detect_torch_tensors_the_same_way() -> None:
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        t = torch.tensor([5, 6, 7], dtype=dtype)
+        for convert in CONVERTERS:
+            out = convert(t)
+            assert out.dtype == np.int32 and out.tolist() == [5, 6, 7]
+    for bad, exc in (
+        (torch.tensor([1.0, 2.0]), TypeError),
+        (torch.tensor([True, False]), TypeError),
+        (torch.tensor([1, 2], dtype=torch.complex64), TypeError),
+        (torch.zeros(2, 2, dtype=torch.long), ValueError),
+        (torch.tensor([2**40]), ValueError),
+    ):
+        for convert in CONVERTERS:
+            with pytest.raises(exc):
+                convert(bad)
+
+
+def test_a_tensor_lookalike_is_not_a_tensor() -> None:
+    # Detection is isinstance(x, torch.Tensor), not duck typing or a module name.
+    class Fake:
+        __module__ = "torch"
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self
+
+        def numpy(self):
+            return np.array([1, 2], dtype=np.int32)
+
+    with pytest.raises(TypeError):
+        as_token_array(Fake())
+    with pytest.raises(TypeError):
+        as_block_array(Fake())
+
+
+def test_block_arrays_take_any_iterable_of_ints() -> None:
+    assert as_block_array(range(3)).tolist() == [0, 1, 2]
+    assert as_block_array(b for b in (4, 5)).tolist() == [4, 5]
+    assert as_block_array(np.array([1, 2], dtype=np.uint64)).tolist() == [1, 2]
+    with pytest.raises(TypeError):
+        as_token_array(range(3))  # tokens: a list, tuple, array or tensor only
+
+
+@given(
+    a=st.lists(st.integers(-3, 3), max_size=20),
+    b=st.lists(st.integers(-3, 3), max_size=20),
+    shared=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=20),
+)
+def test_common_prefix_len_matches_a_python_oracle(a: list, b: list, shared: list) -> None:
+    a, b = shared + a, shared + b
+    want = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert common_prefix_len(as_token_array(a), as_token_array(b)) == want
+    assert common_prefix_len(as_token_array(b), as_token_array(a)) == want
+
+
+def test_common_prefix_len_takes_int32_arrays_only() -> None:
+    ok = np.array([1, 2], dtype=np.int32)
+    for bad in ([1, 2], np.array([1, 2], dtype=np.int64), np.zeros((1, 2), dtype=np.int32)):
+        with pytest.raises(TypeError):
+            common_prefix_len(bad, ok)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            common_prefix_len(ok, bad)  # type: ignore[arg-type]

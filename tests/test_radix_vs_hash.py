@@ -4,11 +4,12 @@ a brute-force oracle (the longest block-aligned prefix of any inserted sequence)
 
 from __future__ import annotations
 
-from cache_helpers import lcp
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv import BlockAllocator
+from radixkv.cache.arrays import as_token_array, common_prefix_len
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.radix import RadixCache
 
@@ -35,12 +36,14 @@ def test_radix_and_hash_agree_without_eviction(
     ):
         alloc = BlockAllocator(num_blocks=40 * 24 + 1, block_size=block_size)
         caches.append((alloc, make(alloc)))
-    inserted: dict[object, list[list[int]]] = {}
+    inserted: dict[object, list[np.ndarray]] = {}
     for op, seq, ns in ops:
-        best = max((lcp(seq, s) for s in inserted.get(ns, [])), default=0)
+        q = as_token_array(seq)
+        best = max((common_prefix_len(q, s) for s in inserted.get(ns, [])), default=0)
         expect = best // block_size * block_size
         got = []
         for alloc, cache in caches:
+            assert cache.peek(seq, namespace=ns) == expect
             m = cache.match(seq, namespace=ns)
             if op == "insert":
                 blocks = m.blocks + alloc.alloc(len(seq) // block_size - len(m.blocks))
@@ -53,7 +56,7 @@ def test_radix_and_hash_agree_without_eviction(
         assert got[0][0] == expect
         if op == "insert":
             assert got[0][1] == expect
-            inserted.setdefault(ns, []).append(seq)
+            inserted.setdefault(ns, []).append(q)
     (ra, radix), (ha, hashed) = caches
     assert radix.cached_blocks == hashed.cached_blocks
     assert ra.num_free == ha.num_free

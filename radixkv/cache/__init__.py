@@ -6,6 +6,7 @@
   orders in :mod:`~radixkv.cache.eviction`;
 - :mod:`~radixkv.cache.hashcache`: ``HashBlockCache``, vLLM-style chained block
   hashes (:mod:`~radixkv.cache.block_hash`);
+- :mod:`~radixkv.cache.null`: ``NullCache``, which caches nothing (caching off);
 - :mod:`~radixkv.cache.results`: the records they return;
 - :mod:`~radixkv.cache.arrays`: token sequences and block tables as int32 arrays;
 - :mod:`~radixkv.cache.kernels`: the numba loops on the hot paths.
@@ -13,6 +14,7 @@
 
 from radixkv.cache.allocator import BlockAllocator, OutOfBlocks
 from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats, MatchResult
@@ -22,6 +24,7 @@ __all__ = [
     "CacheStats",
     "HashBlockCache",
     "MatchResult",
+    "NullCache",
     "OutOfBlocks",
     "PrefixCache",
     "RadixCache",

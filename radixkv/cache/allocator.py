@@ -18,10 +18,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from radixkv.cache import kernels
+from radixkv.cache.arrays import BLOCK_DTYPE, as_block_array
 
 __all__ = ["BlockAllocator", "OutOfBlocks"]
-
-BLOCK_DTYPE = np.int32
 
 
 class OutOfBlocks(RuntimeError):
@@ -228,34 +227,6 @@ class BlockAllocator:
         idx = np.arange(arr.size, dtype=np.int64)
         mark[arr] = idx
         return bool((mark[arr] != idx).any())
-
-
-def as_block_array(blocks: Iterable[int]) -> np.ndarray:
-    """Block ids as a 1-D int32 array; ``TypeError``/``ValueError`` for anything else."""
-    if type(blocks) is np.ndarray and blocks.dtype == BLOCK_DTYPE and blocks.ndim == 1:
-        return blocks  # the fast path: already what the caches use
-    if isinstance(blocks, np.ndarray):
-        arr = blocks
-    elif hasattr(blocks, "detach") and hasattr(blocks, "cpu"):  # a torch tensor
-        arr = blocks.detach().cpu().numpy()
-    else:
-        if isinstance(blocks, (str, bytes)):
-            raise TypeError(f"blocks must be a sequence of ints, got {type(blocks).__name__}")
-        arr = np.asarray(list(blocks))
-        if arr.size == 0:
-            return np.empty(0, dtype=BLOCK_DTYPE)
-    if arr.ndim != 1:
-        raise ValueError(f"blocks must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        if arr.size == 0:
-            return np.empty(0, dtype=BLOCK_DTYPE)
-        raise TypeError(f"blocks must be integers, got dtype {arr.dtype}")
-    if arr.dtype != BLOCK_DTYPE:
-        info = np.iinfo(BLOCK_DTYPE)
-        if arr.size and (arr.min() < info.min or arr.max() > info.max):
-            raise ValueError("block ids must fit in int32")
-        arr = arr.astype(BLOCK_DTYPE)
-    return arr
 
 
 def _check_positive_int(name: str, value: object) -> None:

@@ -19,10 +19,11 @@ block it caches, and:
   the middle and O(1) append); the ones with refcount > 1 are "live" and
   ``evict`` skips them where it meets them.
 - vLLM's "touch" (a hit pulls a block out of the free queue) = ``match`` moves
-  every matched block to the tail. A running request's blocks thus sit at the
+  every matched block to the tail (``peek`` looks the same chain up and moves
+  nothing). A running request's blocks thus sit at the
   tail while it runs, far from the head.
 - vLLM's "free a finished request, tail-first" = ``insert``, which the serving
-  loop calls as a request finishes (ARCHITECTURE.md's data flow): it moves the
+  loop calls as a request finishes (docs/design.md's data flow): it moves the
   request's whole chain to the tail deepest block first, so the request's
   unique tail is nearest the head (evicted first) and the shared root the
   furthest (evicted last). Because every match and insert touches a chain from
@@ -52,10 +53,16 @@ from itertools import islice
 
 import numpy as np
 
-from radixkv.cache.allocator import BlockAllocator, as_block_array
+from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
 from radixkv.cache.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
-from radixkv.cache.protocol import check_namespace, check_num_blocks, release_held
+from radixkv.cache.protocol import (
+    check_insert_blocks,
+    check_namespace,
+    check_num_blocks,
+    held_array,
+    release_held,
+)
 from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = ["HashBlockCache"]
@@ -130,6 +137,13 @@ class HashBlockCache:
         """Blocks the cache holds a reference on (reachable or not). Complexity: O(1)."""
         return len(self._queue)
 
+    def held_blocks(self) -> np.ndarray:
+        """The blocks the cache holds a reference on, as a new sorted int32 array.
+
+        Complexity: O(num_blocks), vectorised.
+        """
+        return held_array(self._held)
+
     @property
     def evictable_blocks(self) -> int:
         """Cached blocks no request holds (refcount 1): what ``evict`` could free now.
@@ -140,8 +154,7 @@ class HashBlockCache:
         that descendant named but unreachable until the prefix returns.
         Complexity: O(num_blocks), vectorised.
         """
-        held = np.flatnonzero(self._held)
-        return int(np.count_nonzero(self._alloc.refcounts(held) == 1))
+        return int(np.count_nonzero(self._alloc.refcounts(held_array(self._held)) == 1))
 
     @property
     def stats(self) -> CacheStats:
@@ -171,27 +184,71 @@ class HashBlockCache:
         return extra
 
     # ------------------------------------------------------------------ match
-    def match(self, tokens: TokenSeq, namespace: Hashable = None) -> MatchResult:
+    def match(
+        self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
+    ) -> MatchResult:
         """Longest cached block-aligned prefix of ``tokens`` under ``namespace``.
 
         Walks the chain of names from the first block and stops at the first
         miss (or, when verifying, the first name hit whose tokens differ). The
         caller receives one reference on each returned block and must
         ``decref`` it. Matched blocks move to the queue tail, deepest first.
+        Counts the query and its hit tokens in ``stats`` unless ``stats=False``
+        (a caller re-matching a prefix it already owns: not a new query).
         Raises ``TypeError``/``ValueError`` on bad input, before any change.
 
         Complexity: O(matched blocks + 1) hashes and dict lookups.
         """
         arr = as_token_array(tokens)
         extra = self._ns_extra.get(check_namespace(namespace))
+        counters = self._stats
+        if stats:
+            counters.num_matches += 1
+            counters.query_tokens += len(arr)
+        if extra is None:
+            return MatchResult(_EMPTY_BLOCKS, 0)
+        found, names, data = self._lookup(arr, extra)
+        if names:
+            self._memo = (extra, data[: len(names) * self._bb], names)
+        if not found:
+            return MatchResult(_EMPTY_BLOCKS, 0)
+        move = self._queue.move_to_end
+        for block in reversed(found):
+            move(block)
+        blocks = np.array(found, dtype=np.int32)
+        self._alloc.incref_distinct(blocks)
+        num_tokens = len(found) * self._bs
+        if stats:
+            counters.hit_tokens += num_tokens
+        return MatchResult(blocks, num_tokens)
+
+    def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
+        """Tokens ``match(tokens, namespace)`` would return now, changing nothing.
+
+        No reference is taken, the queue order and ``stats`` stay as they are,
+        and an unseen namespace is not registered. Raises ``TypeError`` /
+        ``ValueError`` on bad input, as ``match``.
+
+        Complexity: O(matched blocks + 1) hashes and dict lookups.
+        """
+        arr = as_token_array(tokens)
+        extra = self._ns_extra.get(check_namespace(namespace))
+        if extra is None:
+            return 0
+        found, _, _ = self._lookup(arr, extra)
+        return len(found) * self._bs
+
+    def _lookup(self, arr: np.ndarray, extra: bytes) -> tuple[list[int], list[BlockName], bytes]:
+        """Cached blocks of the longest named prefix of ``arr``; change nothing.
+
+        Returns ``(found, names, data)``: the blocks; the names computed (those
+        of ``found`` plus the first miss, if any); the full blocks' token bytes.
+        """
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
-        stats = self._stats
-        stats.num_matches += 1
-        stats.query_tokens += len(arr)
         by_name = self._by_name
-        if n == 0 or extra is None or not by_name:
-            return MatchResult(_EMPTY_BLOCKS, 0)
+        if n == 0 or not by_name:
+            return [], [], b""
         data = arr[: n * bs].tobytes()
         name_fn = self._hasher.name
         get = by_name.get
@@ -200,7 +257,6 @@ class HashBlockCache:
         names: list[BlockName] = []
         parent = self._hasher.root
         verify = self._tokens if self._verify else None
-        first_extra = extra
         for start in range(0, n * bb, bb):
             chunk = data[start : start + bb]
             parent = name_fn(parent, chunk, extra)
@@ -210,17 +266,7 @@ class HashBlockCache:
             if block is None or (verify is not None and verify[block] != chunk):
                 break
             append(block)
-        self._memo = (first_extra, data[: len(names) * bb], names)
-        if not found:
-            return MatchResult(_EMPTY_BLOCKS, 0)
-        move = self._queue.move_to_end
-        for block in reversed(found):
-            move(block)
-        blocks = np.array(found, dtype=np.int32)
-        self._alloc.incref_distinct(blocks)
-        num_tokens = len(found) * bs
-        stats.hit_tokens += num_tokens
-        return MatchResult(blocks, num_tokens)
+        return found, names, data
 
     # ----------------------------------------------------------------- insert
     def insert(self, tokens: TokenSeq, blocks: Iterable[int], namespace: Hashable = None) -> int:
@@ -242,17 +288,7 @@ class HashBlockCache:
         ns = check_namespace(namespace)
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
-        blk = as_block_array(blocks)
-        if len(blk) < n:
-            raise ValueError(
-                f"insert of {len(arr)} tokens needs {n} blocks of {bs}, got {len(blk)}"
-            )
-        blk = blk[:n]
-        if n and (blk.min() < 0 or blk.max() >= self._alloc.num_blocks):
-            raise ValueError(f"block ids must be in [0, {self._alloc.num_blocks})")
-        rcs = self._alloc.refcounts(blk)
-        if (rcs <= 0).any():
-            raise ValueError(f"block {int(blk[np.argmax(rcs <= 0)])} is not allocated")
+        blk = check_insert_blocks(self._alloc, blocks, len(arr))
         extra = self._ns_extra.get(ns)
         new_ns = extra is None
         if new_ns:

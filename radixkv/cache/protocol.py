@@ -1,10 +1,11 @@
 """PrefixCache: the surface every block-level prefix cache in radixkv offers.
 
-``RadixCache`` (token-level radix tree) and ``HashBlockCache`` (vLLM-style
-chained block hashes) both satisfy this protocol structurally, so a serving
-loop, the trace replayer or a benchmark can take either one.
+``RadixCache`` (token-level radix tree), ``HashBlockCache`` (vLLM-style
+chained block hashes) and ``NullCache`` (caches nothing: the cache-off
+baseline) all satisfy this protocol structurally, so a serving loop, the trace
+replayer or a benchmark can take any one.
 
-Reference ownership, common to every implementation (ARCHITECTURE.md):
+Reference ownership, common to every implementation (docs/design.md):
 
 - A block's refcount is the number of running requests holding it, plus 1
   while the cache holds it. The cache holds exactly one reference on each
@@ -16,6 +17,7 @@ Reference ownership, common to every implementation (ARCHITECTURE.md):
   did not adopt.
 - ``evict`` and ``reset`` give back only the cache's own references; a block a
   request still holds (refcount > 1) is never freed by ``evict``.
+- ``peek``, ``held_blocks`` and the properties change nothing.
 - Every method validates its input first: on ``TypeError`` / ``ValueError``
   neither the cache nor any refcount has changed.
 """
@@ -28,10 +30,17 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.arrays import TokenSeq
+from radixkv.cache.arrays import TokenSeq, as_block_array
 from radixkv.cache.results import CacheStats, MatchResult
 
-__all__ = ["PrefixCache", "check_namespace", "check_num_blocks", "release_held"]
+__all__ = [
+    "PrefixCache",
+    "check_insert_blocks",
+    "check_namespace",
+    "check_num_blocks",
+    "held_array",
+    "release_held",
+]
 
 
 @runtime_checkable
@@ -55,14 +64,26 @@ class PrefixCache(Protocol):
         """Tokens per block (the allocator's)."""
         ...
 
-    def match(self, tokens: TokenSeq, namespace: Hashable = None) -> MatchResult:
+    def match(
+        self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
+    ) -> MatchResult:
         """Longest cached block-aligned prefix of ``tokens`` under ``namespace``.
 
         Ownership: the caller receives one reference on each block of the
         result and must ``decref`` it. ``num_tokens == len(blocks) *
         block_size``; a block that only partly agrees with ``tokens`` is never
-        matched (rounded down). Counts the query and hit tokens in ``stats``
-        and marks the matched blocks recently used.
+        matched (rounded down). Marks the matched blocks recently used. Counts
+        the query and its hit tokens in ``stats`` unless ``stats=False`` (for a
+        caller re-matching a prefix it already owns: not a new query).
+        """
+        ...
+
+    def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
+        """``match(tokens, namespace).num_tokens`` as of now, with no side effect at all.
+
+        Takes no reference, changes no structure, counter or eviction order,
+        and registers no namespace. Same input validation as ``match``
+        (``TypeError`` / ``ValueError``).
         """
         ...
 
@@ -98,6 +119,13 @@ class PrefixCache(Protocol):
     @property
     def cached_blocks(self) -> int:
         """Blocks the cache holds a reference on."""
+        ...
+
+    def held_blocks(self) -> np.ndarray:
+        """The blocks the cache holds a reference on: a new sorted int32 array.
+
+        ``len(held_blocks()) == cached_blocks``. Complexity: O(num_blocks).
+        """
         ...
 
     @property
@@ -136,10 +164,38 @@ def check_num_blocks(num_blocks: object) -> None:
         raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
 
 
+def check_insert_blocks(
+    allocator: BlockAllocator, blocks: Iterable[int], num_tokens: int
+) -> np.ndarray:
+    """The first ``num_tokens // block_size`` entries of an insert's ``blocks`` as int32.
+
+    ``ValueError`` if there are fewer, or one of those is out of range or free;
+    ``TypeError`` for non-integer blocks. Changes nothing. Complexity: O(len(blocks)).
+    """
+    bs = allocator.block_size
+    n = num_tokens // bs
+    blk = as_block_array(blocks)
+    if len(blk) < n:
+        raise ValueError(f"insert of {num_tokens} tokens needs {n} blocks of {bs}, got {len(blk)}")
+    blk = blk[:n]
+    if n and (blk.min() < 0 or blk.max() >= allocator.num_blocks):
+        bad = int(blk[(blk < 0) | (blk >= allocator.num_blocks)][0])
+        raise ValueError(f"block {bad} out of range [0, {allocator.num_blocks})")
+    free = allocator.refcounts(blk) <= 0
+    if free.any():
+        raise ValueError(f"block {int(blk[np.argmax(free)])} is not allocated")
+    return blk
+
+
+def held_array(held: np.ndarray) -> np.ndarray:
+    """The blocks flagged in ``held`` as a new sorted int32 array. Complexity: O(num_blocks)."""
+    return np.flatnonzero(held).astype(np.int32)
+
+
 def release_held(allocator: BlockAllocator, held: np.ndarray) -> None:
     """Give back the cache's reference on every block flagged in ``held``; clear the flags.
 
     Mutates ``held`` and the allocator's refcounts. Complexity: O(num_blocks).
     """
-    allocator.decref_distinct(np.flatnonzero(held).astype(np.int32))
+    allocator.decref_distinct(held_array(held))
     held[:] = False

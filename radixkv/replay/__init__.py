@@ -10,19 +10,19 @@
 No torch import: replay runs on numpy arrays and numba kernels.
 """
 
-from radixkv.replay.config import FLAT_POLICIES, POLICIES, RADIX_POLICIES, ReplayConfig
+from radixkv.replay.config import FLAT_POLICIES, RADIX_POLICIES, REPLAY_POLICIES, ReplayConfig
 from radixkv.replay.replay import ReplayResult, replay
-from radixkv.replay.trace import Request, Trace, TraceError, load_trace
+from radixkv.replay.trace import Trace, TraceError, TraceRequest, load_trace
 
 __all__ = [
     "FLAT_POLICIES",
-    "POLICIES",
     "RADIX_POLICIES",
+    "REPLAY_POLICIES",
     "ReplayConfig",
     "ReplayResult",
-    "Request",
     "Trace",
     "TraceError",
+    "TraceRequest",
     "load_trace",
     "replay",
 ]

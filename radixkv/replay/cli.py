@@ -12,15 +12,16 @@ import os
 import sys
 from typing import NoReturn
 
-from radixkv.replay.config import POLICIES, ReplayConfig
+from radixkv.replay.config import REPLAY_POLICIES, ReplayConfig
 from radixkv.replay.replay import replay
-from radixkv.replay.sweep import ceiling_row, plot_sweep, run_sweep, write_csv
+from radixkv.replay.sweep import can_plot, ceiling_row, plot_sweep, run_sweep, write_csv
 from radixkv.replay.trace import Trace, TraceError, load_trace
 
 __all__ = ["register", "run_replay", "run_sweep_command"]
 
 EXIT_BAD_INPUT = 2
 DEFAULT_CAPACITIES = (256, 1024, 4096, 16384, 65536)
+_PLOT_EXTRA = "pip install 'radixkv[plot]'"
 
 
 def _fail(prog: str, message: str) -> int:
@@ -105,7 +106,11 @@ def _split_list(values: list[str], kind: type, name: str) -> list:
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
-    """Replay one trace for every policy x capacity; write a CSV and a PNG; print a table."""
+    """Replay one trace for every policy x capacity; write a CSV and a PNG; print a table.
+
+    Without matplotlib (the ``plot`` extra) the PNG is skipped with a note, unless
+    ``--png`` asks for one: that is bad input (exit 2, nothing run).
+    """
     prog = "radixkv sweep"
     try:
         policies = _split_list(args.policies, str, "--policies")
@@ -115,6 +120,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
                 ReplayConfig(p, c, args.block_size, args.small_ratio, args.max_freq)
     except (TypeError, ValueError) as exc:
         return _fail(prog, str(exc))
+    plot = can_plot()
+    if args.png and not plot:
+        return _fail(prog, f"--png needs matplotlib: {_PLOT_EXTRA}")
     trace = _load(prog, args.trace)
     if isinstance(trace, int):
         return trace
@@ -133,7 +141,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     ceiling = ceiling_row(trace, args.block_size)
     try:
         write_csv([*rows, ceiling], csv_path)
-        plot_sweep(rows, ceiling, png_path, title=f"{os.path.basename(args.trace)}")
+        if plot:
+            plot_sweep(rows, ceiling, png_path, title=f"{os.path.basename(args.trace)}")
     except OSError as exc:
         return _fail(prog, f"cannot write output: {exc}")
     width = max(len(p) for p in [*policies, ceiling.policy])
@@ -143,7 +152,10 @@ def run_sweep_command(args: argparse.Namespace) -> int:
             f"{r.policy:<{width}} {r.capacity:>9} {r.overall_hit_rate:>8.4f} "
             f"{r.final_cache_blocks:>7} {r.unreachable_blocks:>7}"
         )
-    print(f"wrote {csv_path} and {png_path}")
+    if plot:
+        print(f"wrote {csv_path} and {png_path}")
+    else:
+        print(f"wrote {csv_path} (no PNG: matplotlib is not installed; {_PLOT_EXTRA})")
     return 0
 
 
@@ -157,7 +169,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _one_line_errors(p)
     p.add_argument("trace", help="JSONL trace: timestamp, input_length, output_length, hash_ids")
-    p.add_argument("--policy", required=True, choices=POLICIES)
+    p.add_argument("--policy", required=True, choices=REPLAY_POLICIES)
     p.add_argument("--capacity", type=int, required=True, help="cache size in blocks")
     _add_policy_params(p)
     p.add_argument(
@@ -171,15 +183,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sweep",
         help="replay a trace for several policies and capacities; CSV + PNG plot",
         description="Replay a trace for every policy x capacity, with a progress bar; write a "
-        "CSV and a PNG of token hit rate vs capacity (with the infinite-cache ceiling).",
+        "CSV and a PNG of token hit rate vs capacity (with the infinite-cache ceiling; the PNG "
+        "needs matplotlib, the plot extra).",
     )
     _one_line_errors(s)
     s.add_argument("trace", help="JSONL trace")
     s.add_argument(
         "--policies",
         nargs="+",
-        default=list(POLICIES),
-        help=f"space- or comma-separated, from {', '.join(POLICIES)} (default: all)",
+        default=list(REPLAY_POLICIES),
+        help=f"space- or comma-separated, from {', '.join(REPLAY_POLICIES)} (default: all)",
     )
     s.add_argument(
         "--capacities",
@@ -190,6 +203,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_policy_params(s)
     s.add_argument("--csv", help="CSV output path (default: <trace stem>_sweep.csv)")
-    s.add_argument("--png", help="PNG output path (default: the CSV path with .png)")
+    s.add_argument(
+        "--png", help="PNG output path (default: the CSV path with .png; needs matplotlib)"
+    )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=run_sweep_command)

@@ -6,11 +6,11 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["FLAT_POLICIES", "POLICIES", "RADIX_POLICIES", "ReplayConfig"]
+__all__ = ["FLAT_POLICIES", "RADIX_POLICIES", "REPLAY_POLICIES", "ReplayConfig"]
 
 FLAT_POLICIES: tuple[str, ...] = ("lru", "lfu", "s3fifo")
 RADIX_POLICIES: tuple[str, ...] = ("radix-level", "radix-lru")
-POLICIES: tuple[str, ...] = FLAT_POLICIES + RADIX_POLICIES
+REPLAY_POLICIES: tuple[str, ...] = FLAT_POLICIES + RADIX_POLICIES
 
 # block_size * (blocks in a request) must stay far inside int64.
 _MAX_BLOCK_SIZE = 2**31 - 1
@@ -22,7 +22,7 @@ class ReplayConfig:
     """Parameters of one replay. Frozen; ``__post_init__`` raises ``TypeError``/``ValueError``
     naming the field and value.
 
-    - ``policy``: one of ``POLICIES``.
+    - ``policy``: one of ``REPLAY_POLICIES``.
     - ``capacity``: cache size in blocks, >= 1.
     - ``block_size``: tokens per block (hash id), >= 1; hit tokens are
       ``min(hit_blocks * block_size, input_length)``.
@@ -45,8 +45,10 @@ class ReplayConfig:
     max_freq: int = 3
 
     def __post_init__(self) -> None:
-        if not isinstance(self.policy, str) or self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not isinstance(self.policy, str) or self.policy not in REPLAY_POLICIES:
+            raise ValueError(
+                f"policy must be one of {', '.join(REPLAY_POLICIES)}, got {self.policy!r}"
+            )
         for name, low, high in (
             ("capacity", 1, _MAX_CAPACITY),
             ("block_size", 1, _MAX_BLOCK_SIZE),

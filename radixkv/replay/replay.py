@@ -11,7 +11,7 @@ import numpy as np
 from radixkv.replay import policies_fast
 from radixkv.replay.config import FLAT_POLICIES, ReplayConfig
 from radixkv.replay.radix_policy import radix_replay
-from radixkv.replay.trace import Request, Trace
+from radixkv.replay.trace import Trace, TraceRequest
 
 __all__ = ["ReplayResult", "hit_tokens_for", "replay"]
 
@@ -102,7 +102,7 @@ def hit_tokens_for(
 
 
 def replay(
-    requests: Trace | Iterable[Request | Mapping[str, Any]],
+    requests: Trace | Iterable[TraceRequest | Mapping[str, Any]],
     policy: str,
     capacity: int,
     block_size: int = 512,
@@ -112,7 +112,7 @@ def replay(
     """Replay ``requests`` in order through ``policy`` with room for ``capacity`` blocks.
 
     ``requests`` is a ``Trace`` (from ``load_trace``) or an iterable of
-    ``Request`` objects or mappings with the trace fields. Per request: the
+    ``TraceRequest`` objects or mappings with the trace fields. Per request: the
     prefix hit k is taken at arrival (the longest run of resident ids from
     index 0), then every id is accessed against the policy in order
     (``lru``, ``lfu``, ``s3fifo``), or the radix tree matches and inserts the

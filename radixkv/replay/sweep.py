@@ -2,12 +2,14 @@
 
 ``run_sweep`` returns one ``SweepRow`` per pair; ``write_csv`` and
 ``plot_sweep`` turn rows into a CSV and a PNG (token hit rate vs capacity, one
-line per policy, the ceiling dashed). matplotlib is imported only to plot.
+line per policy, the ceiling dashed). matplotlib (the ``plot`` extra) is
+imported only to plot; ``can_plot`` says whether it is installed.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import time
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from radixkv.replay.trace import Trace
 __all__ = [
     "CEILING_POLICY",
     "SweepRow",
+    "can_plot",
     "ceiling_row",
     "plot_sweep",
     "read_csv",
@@ -149,13 +152,24 @@ def read_csv(path: str | os.PathLike[str]) -> list[SweepRow]:
         ]
 
 
+def can_plot() -> bool:
+    """Whether matplotlib can be imported (``pip install 'radixkv[plot]'``); imports nothing."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def plot_sweep(
     rows: Sequence[SweepRow],
     ceiling: SweepRow | None,
     path: str | os.PathLike[str],
     title: str | None = None,
 ) -> None:
-    """Token hit rate vs capacity (log2 x axis), one line per policy, the ceiling dashed."""
+    """Token hit rate vs capacity (log2 x axis), one line per policy, the ceiling dashed.
+
+    Writes a PNG to ``path``. ``ModuleNotFoundError`` without matplotlib (see ``can_plot``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")

@@ -17,7 +17,7 @@ from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["Request", "Trace", "TraceError", "load_trace"]
+__all__ = ["Trace", "TraceError", "TraceRequest", "load_trace"]
 
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _INT64_MAX = 2**63 - 1
@@ -29,7 +29,7 @@ class TraceError(ValueError):
 
 
 @dataclass(frozen=True)
-class Request:
+class TraceRequest:
     """One request of a trace, with its original hash ids."""
 
     timestamp: int | float
@@ -38,7 +38,7 @@ class Request:
     hash_ids: tuple[int, ...]
 
 
-class Trace(Sequence[Request]):
+class Trace(Sequence[TraceRequest]):
     """Requests in file order, hash ids remapped to dense int32 ids.
 
     Arrays (read-only by convention; replay never mutates them):
@@ -50,7 +50,7 @@ class Trace(Sequence[Request]):
     - ``timestamps``: int64 if every timestamp is an int, else float64;
     - ``hash_values``: the original id of each dense id (``hash_values[d]``).
 
-    ``trace[i]`` rebuilds a ``Request`` with the original ids. Build one with
+    ``trace[i]`` rebuilds a ``TraceRequest`` with the original ids. Build one with
     ``load_trace`` or ``Trace.from_requests``.
     """
 
@@ -83,15 +83,15 @@ class Trace(Sequence[Request]):
         self.source = source
 
     @classmethod
-    def from_requests(cls, requests: Iterable[Request | Mapping[str, Any]]) -> Trace:
-        """A trace from ``Request`` objects or mappings with the four trace fields.
+    def from_requests(cls, requests: Iterable[TraceRequest | Mapping[str, Any]]) -> Trace:
+        """A trace from ``TraceRequest`` objects or mappings with the four trace fields.
 
         Raises ``TraceError`` naming ``request i`` (0-based) on the first bad one.
         Complexity: O(total hash ids).
         """
         builder = _Builder("<requests>")
         for i, req in enumerate(requests):
-            if isinstance(req, Request):
+            if isinstance(req, TraceRequest):
                 req = {f: getattr(req, f) for f in _FIELDS}
             builder.add(req, f"request {i}")
         return builder.build()
@@ -118,10 +118,10 @@ class Trace(Sequence[Request]):
         return self.num_requests
 
     @overload
-    def __getitem__(self, i: int) -> Request: ...
+    def __getitem__(self, i: int) -> TraceRequest: ...
     @overload
     def __getitem__(self, i: slice) -> Trace: ...
-    def __getitem__(self, i: int | slice) -> Request | Trace:
+    def __getitem__(self, i: int | slice) -> TraceRequest | Trace:
         if isinstance(i, slice):
             return Trace.from_requests(self[j] for j in range(*i.indices(len(self))))
         n = self.num_requests
@@ -130,14 +130,14 @@ class Trace(Sequence[Request]):
         i %= n
         hv = self.hash_values
         ts = self.timestamps[i]
-        return Request(
+        return TraceRequest(
             timestamp=int(ts) if self.timestamps.dtype.kind == "i" else float(ts),
             input_length=int(self.input_lengths[i]),
             output_length=int(self.output_lengths[i]),
             hash_ids=tuple(hv[d] for d in self.request_ids(i).tolist()),
         )
 
-    def __iter__(self) -> Iterator[Request]:
+    def __iter__(self) -> Iterator[TraceRequest]:
         for i in range(self.num_requests):
             yield self[i]
 
