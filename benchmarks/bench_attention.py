@@ -6,7 +6,8 @@ most one prefill chunk. Two measures per backend: ``attention``, one step's
 attention over all layers (the per-step metadata build once, then
 ``num_layers`` calls of ``paged_attention``), and ``forward``, one whole
 ``Decoder.forward`` step of a random model of SmolLM2's shape (30 layers,
-hidden 576, vocab 49152). The ``loop`` backend is the baseline; the others are
+hidden 576, vocab 49152), including ``ForwardBatch.build`` (where the
+metadata is made now). The ``loop`` backend is the baseline; the others are
 reported as a ratio to it, measured round-robin in the same run.
 
     python benchmarks/bench_attention.py            # full: ~20 min on a busy 2-core box
@@ -21,51 +22,58 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 from bench_common import write_csv
 
-from radixkv.model import Decoder, ModelConfig, random_model
+from radixkv.model import Decoder, ForwardBatch, ModelConfig, random_model
 from radixkv.model.attention import ATTENTION_BACKENDS, AttentionMetadata, paged_attention
-from radixkv.model.forward_batch import ForwardBatch
 from radixkv.model.kvpool import KVPool
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 
+@dataclass(frozen=True)
+class Step:
+    """One scheduler step on the host: what ``ForwardBatch.build`` takes."""
+
+    input_ids: np.ndarray
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[np.ndarray]
+    num_blocks: int
+
+
 def make_step(
     num_decodes: int, decode_ctx: int, chunk: int, chunk_ctx: int, block_size: int, seed: int
-) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A batch, its queries, and one layer's K/V pool with every context slot filled."""
+) -> tuple[Step, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step, its queries, and one layer's K/V pool with every context slot filled."""
     gen = torch.Generator().manual_seed(seed)
     lens = [(1, decode_ctx)] * num_decodes + ([(chunk, chunk_ctx)] if chunk else [])
     need = sum(-(-c // block_size) for _, c in lens)
-    perm = torch.randperm(need + 16, generator=gen)
-    tables, pos, slots, start = [], [], [], 0
-    for q, c in lens:
+    perm = torch.randperm(need + 16, generator=gen).numpy()
+    tables, start = [], 0
+    for _, c in lens:
         n = -(-c // block_size)
-        table = perm[start : start + n]
+        tables.append(perm[start : start + n])
         start += n
-        tables.append(table)
-        r = torch.arange(c - q, c)
-        pos.append(r)
-        slots.append(table[r // block_size] * block_size + r % block_size)
     num_slots = (need + 16) * block_size
     k = torch.randn(num_slots, KV_HEADS, HEAD_DIM, generator=gen)
     v = torch.randn(num_slots, KV_HEADS, HEAD_DIM, generator=gen)
-    positions = torch.cat(pos)
-    batch = ForwardBatch(
-        input_ids=torch.zeros_like(positions),
-        positions=positions,
-        slot_mapping=torch.cat(slots),
+    num_tokens = sum(q for q, _ in lens)
+    step = Step(
+        input_ids=np.zeros(num_tokens, dtype=np.int64),
         query_lens=[q for q, _ in lens],
         context_lens=[c for _, c in lens],
         block_tables=tables,
+        num_blocks=need + 16,
     )
-    q = torch.randn(positions.numel(), HEADS, HEAD_DIM, generator=gen)
-    return batch, q, k, v
+    q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
+    return step, q, k, v
 
 
 def sync(device: torch.device) -> None:
@@ -73,24 +81,41 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_attention(backend: str, batch, q, k, v, num_layers: int, block_size: int) -> float:
+def time_attention(backend: str, step: Step, q, k, v, num_layers: int, block_size: int) -> float:
     """Seconds for one step's attention: metadata build + ``num_layers`` backend calls."""
     sync(q.device)
     t0 = time.perf_counter()
-    meta = AttentionMetadata.build(batch, block_size, HEADS // KV_HEADS, backend, q.device)
+    meta = AttentionMetadata.build(
+        step.query_lens,
+        step.context_lens,
+        step.block_tables,
+        block_size=block_size,
+        group_size=HEADS // KV_HEADS,
+        backend=backend,
+        device=q.device,
+    )
     for _ in range(num_layers):
         paged_attention(q, k, v, meta)
     sync(q.device)
     return time.perf_counter() - t0
 
 
-def time_forward(
-    backend: str, models: dict[str, Decoder], pool: KVPool, batch: ForwardBatch
-) -> float:
-    """Seconds for one whole ``Decoder.forward`` step with ``backend``'s model."""
+def time_forward(backend: str, model: Decoder, pool: KVPool, step: Step) -> float:
+    """Seconds for one whole step with ``backend``: ``ForwardBatch.build`` + ``Decoder.forward``."""
     sync(pool.device)
     t0 = time.perf_counter()
-    models[backend](batch, pool)
+    batch = ForwardBatch.build(
+        step.input_ids,
+        step.query_lens,
+        step.context_lens,
+        step.block_tables,
+        block_size=pool.block_size,
+        num_blocks=pool.num_blocks,
+        backend=backend,
+        group_size=model.config.group_size,
+        device=pool.device,
+    )
+    model(batch, pool)
     sync(pool.device)
     return time.perf_counter() - t0
 
@@ -134,21 +159,18 @@ def main() -> None:
     ]
     if args.quick:
         scenarios = scenarios[:1] + scenarios[2:4]
-    models = {}
+    # the batch carries its backend's metadata, so one model runs them all
+    model = None
     if not args.no_forward:
-        base = random_model(smollm2_shaped(args.layers), seed=args.seed)
-        for b in ATTENTION_BACKENDS:
-            models[b] = Decoder(base.config, attention_backend=b)
-            models[b].load_state_dict(base.state_dict())
-            models[b].to(device)
+        model = random_model(smollm2_shaped(args.layers), seed=args.seed).to(device)
     rows = []
     for name, nd, dc, ch, cc in scenarios:
-        batch, q, k, v = make_step(nd, dc, ch, cc, args.block_size, args.seed)
+        step, q, k, v = make_step(nd, dc, ch, cc, args.block_size, args.seed)
         q, k, v = q.to(device), k.to(device), v.to(device)
         measures = {
             "attention": partial(
                 time_attention,
-                batch=batch,
+                step=step,
                 q=q,
                 k=k,
                 v=v,
@@ -156,10 +178,10 @@ def main() -> None:
                 block_size=args.block_size,
             )  # fmt: skip
         }
-        if models:
-            pool = KVPool(args.layers, k.shape[0] // args.block_size, args.block_size, KV_HEADS,
-                          HEAD_DIM, device=device)  # fmt: skip
-            measures["forward"] = partial(time_forward, models=models, pool=pool, batch=batch)
+        if model is not None:
+            pool = KVPool(args.layers, step.num_blocks, args.block_size, KV_HEADS, HEAD_DIM,
+                          device=device)  # fmt: skip
+            measures["forward"] = partial(time_forward, model=model, pool=pool, step=step)
         for what, fn in measures.items():
             times: dict[str, list[float]] = {b: [] for b in ATTENTION_BACKENDS}
             for b in ATTENTION_BACKENDS:

@@ -8,12 +8,12 @@ scattered over a pool of ``--layers`` layers, so nothing stays in cache):
 - ``slot``: ``index_select`` over every context slot into new tensors (the
   baseline: what the engine did first);
 - ``block``: ``index_select`` over whole blocks into new tensors;
-- ``block+ws``: whole blocks into a reused :class:`~radixkv.model.attention.GatherWorkspace`
+- ``block+ws``: whole blocks into a reused :class:`~radixkv.model.gather.GatherWorkspace`
   (what the engine does now).
 
 ``gather`` times the copies of one step over all layers (K and V);
-``forward`` times one whole ``Decoder.forward`` step with and without the
-workspace (``block`` vs ``block+ws``). Medians of round-robin repeats, as a
+``forward`` times one whole step (``ForwardBatch.build`` and ``Decoder.forward``)
+with and without the workspace (``block`` vs ``block+ws``). Medians of round-robin repeats, as a
 ratio to the baseline measured in the same run.
 
     python benchmarks/bench_gather.py            # SmolLM2-135M shape, 30 layers
@@ -26,55 +26,60 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from bench_common import write_csv
 
-from radixkv.model import ModelConfig, random_model
-from radixkv.model.attention import GatherWorkspace
-from radixkv.model.attention import _gather as gather_kv  # the engine's own gather
-from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model import Decoder, ForwardBatch, ModelConfig, random_model
+from radixkv.model.gather import GatherWorkspace, gather_kv  # the engine's own gather
+from radixkv.model.kvpool import KVPool
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scheduler step on the host: what ``ForwardBatch.build`` takes."""
+
+    input_ids: np.ndarray
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[np.ndarray]
+    num_blocks: int
 
 
 def engine_step(
     config: ModelConfig, num_decodes: int, ctx: int, chunk: int, block_size: int, seed: int
-) -> tuple[ForwardBatch, int]:
+) -> Step:
     """A step of ``num_decodes`` decodes at ``ctx`` tokens plus one ``chunk`` ending at ``ctx``.
 
-    Returns the batch and the pool size in blocks it needs (tables are a random
-    permutation of the pool, as after a long run).
+    Tables are a random permutation of the pool, as after a long run; the pool
+    has ``num_blocks`` blocks.
     """
     gen = torch.Generator().manual_seed(seed)
     lens = [(1, ctx)] * num_decodes + [(chunk, ctx)]
     per_seq = -(-ctx // block_size)
     num_blocks = per_seq * len(lens) + 8
-    perm = torch.randperm(num_blocks, generator=gen)
-    tables, pos, slots = [], [], []
-    for i, (q, c) in enumerate(lens):
-        table = perm[i * per_seq : (i + 1) * per_seq]
-        r = torch.arange(c - q, c)
-        tables.append(table)
-        pos.append(r)
-        slots.append(table[r // block_size] * block_size + r % block_size)
-    positions = torch.cat(pos)
-    batch = ForwardBatch(
-        input_ids=torch.randint(0, config.vocab_size, (positions.numel(),), generator=gen),
-        positions=positions,
-        slot_mapping=torch.cat(slots),
+    perm = torch.randperm(num_blocks, generator=gen).numpy()
+    num_tokens = sum(q for q, _ in lens)
+    return Step(
+        input_ids=torch.randint(0, config.vocab_size, (num_tokens,), generator=gen).numpy(),
         query_lens=[q for q, _ in lens],
         context_lens=[c for _, c in lens],
-        block_tables=tables,
+        block_tables=[perm[i * per_seq : (i + 1) * per_seq] for i in range(len(lens))],
+        num_blocks=num_blocks,
     )
-    return batch, num_blocks
 
 
 def gather_ways(
-    pool_k: list[torch.Tensor], pool_v: list[torch.Tensor], batch: ForwardBatch, block_size: int
+    pool_k: list[torch.Tensor], pool_v: list[torch.Tensor], step: Step, block_size: int
 ) -> dict[str, Callable[[], None]]:
     """The three gathers of one step over every layer, as callables."""
-    nb = [-(-c // block_size) for c in batch.context_lens]
-    blocks = torch.cat([t[:n] for t, n in zip(batch.block_tables, nb, strict=True)]).long()
+    nb = [-(-c // block_size) for c in step.context_lens]
+    blocks = torch.from_numpy(
+        np.concatenate([t[:n] for t, n in zip(step.block_tables, nb, strict=True)])
+    ).long()
     slots = (blocks[:, None] * block_size + torch.arange(block_size)).reshape(-1)
     ws = GatherWorkspace()
 
@@ -92,6 +97,22 @@ def gather_ways(
         run(blocks, block_size, ws)
 
     return {"slot": slot, "block": block, "block+ws": block_ws}
+
+
+def forward(model: Decoder, pool: KVPool, step: Step) -> None:
+    """One whole step: the batch for the model's backend, then ``Decoder.forward``."""
+    batch = ForwardBatch.build(
+        step.input_ids,
+        step.query_lens,
+        step.context_lens,
+        step.block_tables,
+        block_size=pool.block_size,
+        num_blocks=pool.num_blocks,
+        backend=model.backend_for(pool.device),
+        group_size=model.config.group_size,
+        device=pool.device,
+    )
+    model(batch, pool)
 
 
 def median_ms(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
@@ -124,19 +145,21 @@ def main() -> None:
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=layers,
         num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=1e5,
     )  # fmt: skip
-    batch, num_blocks = engine_step(
-        config, args.decodes, args.ctx, args.chunk, args.block_size, args.seed
-    )
+    step = engine_step(config, args.decodes, args.ctx, args.chunk, args.block_size, args.seed)
     model = random_model(config, seed=args.seed)
-    pool = model.make_kv_pool(num_blocks, args.block_size)
+    pool = model.make_kv_pool(step.num_blocks, args.block_size)
     for t in (*pool.k, *pool.v):
         t.normal_()
     rows = []
-    gathers = median_ms(gather_ways(pool.k, pool.v, batch, args.block_size), repeats)
+    gathers = median_ms(gather_ways(pool.k, pool.v, step, args.block_size), repeats)
     fresh = random_model(config, seed=args.seed)
     fresh.gather_workspace = None  # paged_attention then allocates its gather tensors per layer
     forwards = median_ms(
-        {"block": lambda: fresh(batch, pool), "block+ws": lambda: model(batch, pool)}, repeats
+        {
+            "block": lambda: forward(fresh, pool, step),
+            "block+ws": lambda: forward(model, pool, step),
+        },
+        repeats,
     )
     for measure, times in (("gather", gathers), ("forward", forwards)):
         base = statistics.median(next(iter(times.values())))
@@ -152,7 +175,7 @@ def main() -> None:
                     "vs_baseline": round(med / base, 3),
                 }
             )
-    ctx_mib = sum(batch.context_lens) * config.num_kv_heads * config.head_dim * 4 * 2 / 2**20
+    ctx_mib = sum(step.context_lens) * config.num_kv_heads * config.head_dim * 4 * 2 / 2**20
     print(
         f"one step: {args.decodes} decodes at {args.ctx} tokens + a {args.chunk}-token chunk, "
         f"{layers} layers (SmolLM2-135M shape), block size {args.block_size}: "

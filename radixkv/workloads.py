@@ -17,16 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array, common_prefix_len
 
-__all__ = ["ChatWorkload", "IdealPrefill", "common_prefix_len"]
-
-
-def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D arrays. Complexity: O(min length)."""
-    m = min(a.size, b.size)
-    diff = np.flatnonzero(a[:m] != b[:m])
-    return int(diff[0]) if diff.size else m
+__all__ = ["ChatWorkload", "IdealPrefill"]
 
 
 @dataclass(frozen=True)

@@ -72,25 +72,35 @@ class PagedSession:
 
     def step(self, plan: dict[int, int]) -> dict[int, torch.Tensor]:
         """Run ``plan[sid]`` new tokens of each sequence; return each one's last-token logits."""
+        batch = self.batch(plan)
+        logits = self.model(batch, self.pool)
+        return {sid: logits[i] for i, sid in enumerate(plan)}
+
+    def batch(self, plan: dict[int, int]) -> ForwardBatch:
+        """The batch of ``plan`` (blocks allocated, sequences advanced), for the model's backend."""
         bs = self.block_size
-        ids, pos, slots, qls, cls, tables = [], [], [], [], [], []
+        ids, qls, cls, tables = [], [], [], []
         for sid, n in plan.items():
             start = self.done[sid]
             assert 1 <= n <= self.remaining(sid)
             while len(self.tables[sid]) * bs < start + n:
                 self.tables[sid].append(self.free.pop())
-            table = torch.tensor(self.tables[sid])
-            r = torch.arange(start, start + n)
-            ids.append(torch.tensor(self.tokens[sid][start : start + n]))
-            pos.append(r)
-            slots.append(table[r // bs] * bs + r % bs)
+            ids.extend(self.tokens[sid][start : start + n])
             qls.append(n)
             cls.append(start + n)
-            tables.append(table)
+            tables.append(list(self.tables[sid]))
             self.done[sid] = start + n
-        batch = ForwardBatch(torch.cat(ids), torch.cat(pos), torch.cat(slots), qls, cls, tables)
-        logits = self.model(batch, self.pool)
-        return {sid: logits[i] for i, sid in enumerate(plan)}
+        return ForwardBatch.build(
+            ids,
+            qls,
+            cls,
+            tables,
+            block_size=bs,
+            num_blocks=self.pool.num_blocks,
+            backend=self.model.backend_for(self.pool.device),
+            group_size=self.model.config.group_size,
+            device=self.pool.device,
+        )
 
     def append(self, sid: int, token: int) -> None:
         self.tokens[sid].append(token)

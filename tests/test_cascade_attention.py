@@ -12,35 +12,22 @@ from model_helpers import GQA, PagedSession, check_against_dense
 
 import radixkv.model.cascade as cascade
 from radixkv.model import random_model
-from radixkv.model.attention import AttentionMetadata, _causal_mask
 from radixkv.model.cascade import MIN_PREFIX_BLOCKS, _attend, plan_cascade
-from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.gather import causal_mask
 
 torch.set_num_threads(1)
 
-def _batch(tables: list[list[int]], lens: list[tuple[int, int]], bs: int) -> ForwardBatch:
-    """A batch of sequences ``(query_len, context_len)`` over the given block tables."""
-    pos, slots = [], []
-    for table, (q, c) in zip(tables, lens, strict=True):
-        r = torch.arange(c - q, c)
-        t = torch.tensor(table)
-        pos.append(r)
-        slots.append(t[r // bs] * bs + r % bs)
-    positions = torch.cat(pos)
-    return ForwardBatch(
-        input_ids=torch.zeros_like(positions),
-        positions=positions,
-        slot_mapping=torch.cat(slots),
-        query_lens=[q for q, _ in lens],
-        context_lens=[c for _, c in lens],
-        block_tables=[torch.tensor(t) for t in tables],
+
+def _plan(tables: list[list[int]], lens: list[tuple[int, int]], bs: int = 4):
+    """The plan for sequences ``(query_len, context_len)`` over the given block tables."""
+    return plan_cascade(
+        [q for q, _ in lens],
+        [c for _, c in lens],
+        tables,
+        block_size=bs,
+        group_size=3,
+        device="cpu",
     )
-
-
-def _plan(tables, lens, bs=4):
-    batch = _batch(tables, lens, bs)
-    meta = AttentionMetadata.build(batch, bs, 3, "loop")
-    return plan_cascade(meta)
 
 
 def test_plan_groups_by_shared_leading_blocks() -> None:
@@ -76,6 +63,18 @@ def test_no_plan_below_the_minimum_prefix() -> None:
     assert _plan([[1, 2, 3], [4, 5, 6]], [(1, 12), (1, 12)]) is None
 
 
+def test_member_masks_are_the_causal_mask_past_the_prefix() -> None:
+    """A member's chunk reads its suffix keys under the loop mask's columns past the prefix."""
+    tables = [[7, 8, 9, 1], [7, 8, 9, 2, 3]]
+    plan = _plan(tables, [(1, 16), (3, 19)])
+    assert plan is not None and plan.prefix_lens == [12]
+    member = plan.masks[1]
+    assert member is not None and member.dtype == torch.float32
+    loop = causal_mask(3, 19, 3, torch.device("cpu"))
+    assert torch.equal(member == 0, loop[:, 12:])
+    assert torch.isneginf(member[~loop[:, 12:]]).all()
+
+
 def _shared_session(model, bs: int, prefix_blocks: int, tails: list[int], seed: int):
     """Sequence 0 holds a prefix; sequences 1.. start on its blocks with their own tails."""
     g = torch.Generator().manual_seed(seed)
@@ -99,11 +98,11 @@ def test_cascade_matches_dense_with_a_shared_prefix(flash: bool, monkeypatch) ->
     plans = []
     real = cascade.plan_cascade
 
-    def spy(meta):
-        plans.append(real(meta))
+    def spy(*args, **kwargs):
+        plans.append(real(*args, **kwargs))
         return plans[-1]
 
-    monkeypatch.setattr("radixkv.model.decoder.plan_cascade", spy)
+    monkeypatch.setattr("radixkv.model.forward_batch.plan_cascade", spy)
     # prefill tails in chunks alongside each other, then decode all four together
     for plan in ({0: 9, 1: 4, 2: 5}, {1: 2, 2: 6, 3: 3}):
         check_against_dense(model, s, s.step(plan))
@@ -118,7 +117,7 @@ def test_attend_paths_agree() -> None:
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 12, 8, generator=g)
     k, v = torch.randn(1, 2, 20, 8, generator=g), torch.randn(1, 2, 20, 8, generator=g)
-    seen = _causal_mask(4, 20, 3, torch.device("cpu"))
+    seen = causal_mask(4, 20, 3, torch.device("cpu"))
     mask = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))
     o1, l1 = _attend(q, k, v, mask)
     saved = cascade._FLASH_CPU

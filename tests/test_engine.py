@@ -35,6 +35,21 @@ CFG = ModelConfig(
 )
 
 
+@pytest.fixture(autouse=True)
+def check_every_step(monkeypatch):
+    """Every engine step here is followed by ``Engine.check()``: the scheduler's queues, the
+    cache's structure and per-block reference conservation (refcount == requests holding
+    the block + 1 if the cache holds it)."""
+    step = Engine.step
+
+    def checked(self: Engine):
+        finished = step(self)
+        self.check()
+        return finished
+
+    monkeypatch.setattr(Engine, "step", checked)
+
+
 @pytest.fixture(scope="module")
 def model():
     """The default decoder: it runs the device's preferred attention backend."""

@@ -1,14 +1,12 @@
-"""KVPool: shapes, sizing from a memory budget, slot addressing, write/gather."""
+"""KVPool: shapes, sizing from a memory budget, write/gather by slot."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from model_helpers import DEVICES
 
-from radixkv.model.kvpool import KVPool, default_device, slots_for_positions
+from radixkv.model.kvpool import KVPool, default_device
 
 torch.set_num_threads(1)
 
@@ -59,29 +57,11 @@ def test_invalid_arguments(kwargs: dict, name: str) -> None:
         KVPool(**args, device="cpu")
 
 
-@settings(max_examples=50, deadline=None)
-@given(
-    block_size=st.integers(1, 9),
-    table=st.lists(st.integers(0, 50), min_size=1, max_size=8, unique=True),
-    data=st.data(),
-)
-def test_slots_follow_the_block_table(block_size: int, table: list[int], data) -> None:
-    n = data.draw(st.integers(0, len(table) * block_size))
-    slots = slots_for_positions(torch.tensor(table), n, block_size).tolist()
-    assert slots == [table[p // block_size] * block_size + p % block_size for p in range(n)]
-
-
-def test_short_block_table_rejected() -> None:
-    with pytest.raises(ValueError, match="block_table"):
-        slots_for_positions(torch.tensor([3, 1]), 9, 4)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_write_then_gather_round_trips_and_touches_only_those_slots(device: str) -> None:
     pool = KVPool(2, 6, 4, 2, 3, device=device)
     assert pool.device.type == device
-    slots = pool.slots([4, 1], 6)  # block 4 then block 1
-    assert slots.tolist() == [16, 17, 18, 19, 4, 5]
+    slots = torch.tensor([16, 17, 18, 19, 4, 5], device=device)  # block 4, then block 1
     k, v = torch.randn(6, 2, 3, device=device), torch.randn(6, 2, 3, device=device)
     pool.write(1, slots, k, v)
     gk, gv = pool.gather(1, slots)

@@ -20,8 +20,8 @@ from model_helpers import (
 
 from radixkv.model import DECODER_BACKENDS, Decoder, preferred_attention_backend, random_model
 from radixkv.model.decoder import apply_rope, rope_cos_sin
-from radixkv.model.attention import GatherWorkspace
 from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.gather import GatherWorkspace
 
 torch.set_num_threads(1)
 
@@ -151,63 +151,76 @@ def test_greedy_paged_equals_greedy_dense() -> None:
     )
 
 
-def _one_batch(model: Decoder, bs: int = 4):
-    pool = model.make_kv_pool(8, bs)
-    table = torch.tensor([5, 2])
-    pos = torch.arange(6)
-    batch = ForwardBatch(
-        input_ids=torch.arange(6),
-        positions=pos,
-        slot_mapping=table[pos // bs] * bs + pos % bs,
-        query_lens=[6],
-        context_lens=[6],
-        block_tables=[table],
-    )
-    return pool, batch
+def _one_batch(model: Decoder, bs: int = 4, num_blocks: int = 8, **kwargs: object) -> ForwardBatch:
+    """Six tokens of one sequence over blocks 5 and 2, for a pool of ``num_blocks`` blocks."""
+    options = {
+        "block_size": bs,
+        "num_blocks": num_blocks,
+        "backend": model.backend_for("cpu"),
+        "group_size": model.config.group_size,
+        "device": "cpu",
+    }
+    options.update(kwargs)
+    return ForwardBatch.build(range(6), [6], [6], [[5, 2]], **options)
 
 
 @pytest.mark.parametrize(
-    "field, value, match",
+    "pool_shape, match",
     [
-        ("slot_mapping", torch.tensor([20, 21, 22, 23, 8, 10]), "batch.slot_mapping"),
-        ("positions", torch.arange(1, 7), "batch.positions"),
-        ("query_lens", [5], "sum"),
-        ("context_lens", [5], "query_len <= context_len"),
-        ("block_tables", [torch.tensor([5])], "block_table"),
-        ("query_lens", [], "no sequences"),
+        ((8, 2), "block_size=4"),  # another block size
+        ((9, 4), "num_blocks=8"),  # another pool size
     ],
 )
-def test_inconsistent_batch_rejected_before_pool_changes(field, value, match) -> None:
+def test_batch_for_another_pool_rejected_before_pool_changes(pool_shape, match) -> None:
     model = random_model(GQA)
-    pool, batch = _one_batch(model)
-    setattr(batch, field, value)
-    before = [t.clone() for t in pool.k]
+    pool = model.make_kv_pool(*pool_shape)
+    batch = _one_batch(model)
     with pytest.raises(ValueError, match=match):
         model(batch, pool)
-    assert all(torch.equal(a, b) for a, b in zip(before, pool.k, strict=True))
+    assert not any(t.any() for t in (*pool.k, *pool.v))
 
 
-def test_block_outside_the_pool_rejected() -> None:
+def test_batch_for_another_group_size_rejected() -> None:
     model = random_model(GQA)
-    pool, batch = _one_batch(model)
-    batch.block_tables = [torch.tensor([5, 8])]  # the pool has blocks 0..7
-    batch.slot_mapping = torch.tensor([20, 21, 22, 23, 32, 33])
-    with pytest.raises(ValueError, match="batch.block_tables"):
-        model(batch, pool)
-    assert not any(t.any() for t in pool.k)
+    batch = _one_batch(model, group_size=1)
+    with pytest.raises(ValueError, match="group_size=1"):
+        model(batch, model.make_kv_pool(8, 4))
+
+
+def test_batch_on_another_device_rejected() -> None:
+    model = random_model(GQA)
+    batch = _one_batch(model, device="meta")  # no GPU needed to be elsewhere
+    with pytest.raises(ValueError, match="one device"):
+        model(batch, model.make_kv_pool(8, 4))
 
 
 def test_pool_of_another_shape_rejected() -> None:
     model = random_model(GQA)
-    _, batch = _one_batch(model)
+    batch = _one_batch(model)
     other = random_model(dataclasses.replace(GQA, num_kv_heads=3)).make_kv_pool(8, 4)
     with pytest.raises(ValueError, match="does not fit"):
         model(batch, other)
 
 
+def test_backend_for_names_the_batch_backend() -> None:
+    assert Decoder(GQA, attention_backend="varlen").backend_for("cpu") == "varlen"
+    auto = Decoder(GQA)
+    assert auto.backend_for("cpu") == preferred_attention_backend("cpu")
+    assert auto.backend_for(torch.device("cuda")) == preferred_attention_backend("cuda")
+
+
+@pytest.mark.parametrize("backend", DECODER_BACKENDS)
+def test_the_batch_backend_runs_whatever_the_model_default(backend: str) -> None:
+    """A batch carries its backend's metadata: any decoder runs it, to the same logits."""
+    model = random_model(GQA, seed=2, attention_backend="loop")
+    ref = model(_one_batch(model), model.make_kv_pool(8, 4))
+    got = model(_one_batch(model, backend=backend), model.make_kv_pool(8, 4))
+    torch.testing.assert_close(got, ref, **TOL)
+
+
 def test_forward_writes_only_its_slots() -> None:
     model = random_model(GQA)
-    pool, batch = _one_batch(model)
+    pool, batch = model.make_kv_pool(8, 4), _one_batch(model)
     for t in (*pool.k, *pool.v):
         t.fill_(math.nan)
     model(batch, pool)

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.engine import make_cache
+from radixkv.engine.kv_manager import KVCacheManager, make_cache
 from radixkv.engine.request import Request, RequestStatus, SamplingParams
 from radixkv.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from radixkv.workloads import ChatWorkload, IdealPrefill
@@ -50,24 +50,24 @@ class Driver:
 
     def apply(self, out: SchedulerOutput) -> list[Request]:
         """Check and write the shadow pool for a scheduled step, then postprocess it."""
-        sched, bs = self.sched, self.sched.block_size
+        sched = self.sched
         sched.check()
         assert out.num_tokens <= sched.config.max_num_batched_tokens
         written = []
         for seq in out.seqs:
             req = seq.request
             assert seq.start == req.num_computed_tokens and seq.num_new_tokens >= 1
-            ctx = req.slot_mapping(0, seq.start, bs)
+            ctx = slots(sched, req, 0, seq.start)
             assert (self.tok[ctx] == req.tokens[: seq.start]).all(), f"{req}: context corrupted"
             assert (self.pos[ctx] == np.arange(seq.start)).all(), f"{req}: context misplaced"
-            written.append(req.slot_mapping(seq.start, seq.stop, bs))
+            written.append(slots(sched, req, seq.start, seq.stop))
         allw = np.concatenate(written)
         assert np.unique(allw).size == allw.size, "two tokens written to one slot"
         toks = []
-        for seq, slots in zip(out.seqs, written, strict=True):
+        for seq, new in zip(out.seqs, written, strict=True):
             req = seq.request
-            self.tok[slots] = req.tokens[seq.start : seq.stop]
-            self.pos[slots] = np.arange(seq.start, seq.stop)
+            self.tok[new] = req.tokens[seq.start : seq.stop]
+            self.pos[new] = np.arange(seq.start, seq.stop)
             toks.append(next_token(req.tokens) if seq.samples else None)
         done = sched.postprocess(out, toks)
         sched.check()
@@ -85,6 +85,15 @@ class Driver:
         return reqs
 
 
+def slots(sched: Scheduler, req: Request, start: int, stop: int) -> np.ndarray:
+    """Slots of positions [start, stop) through the request's block table (the test's own
+    formula, independent of the model runner's)."""
+    table = np.asarray(sched.kv_manager.block_table(req.request_id), dtype=np.int64)
+    pos = np.arange(start, stop)
+    assert len(table) * sched.block_size >= stop, f"{req}: block table too short"
+    return table[pos // sched.block_size] * sched.block_size + pos % sched.block_size
+
+
 def expected_output(prompt: np.ndarray, n: int) -> list[int]:
     seq = list(prompt)
     for _ in range(n):
@@ -93,15 +102,17 @@ def expected_output(prompt: np.ndarray, n: int) -> list[int]:
 
 
 def make_sched(cache: str | None, num_blocks: int, bs: int, **cfg) -> Scheduler:
-    alloc = BlockAllocator(num_blocks, bs)
-    return Scheduler(alloc, make_cache(cache, alloc), SchedulerConfig(**cfg))
+    """A scheduler over a fresh pool; without a cache nothing waits for a shared prefill."""
+    cfg.setdefault("wait_for_shared_prefill", cache is not None)
+    kv = KVCacheManager(make_cache(cache, BlockAllocator(num_blocks, bs)))
+    return Scheduler(kv, SchedulerConfig(**cfg))
 
 
 def assert_no_leaks(sched: Scheduler) -> None:
     assert not sched.has_unfinished()
-    if sched.cache is not None:
-        sched.cache.check()
-        sched.cache.reset()
+    assert sched.kv_manager.num_requests == 0
+    sched.cache.check()
+    sched.cache.reset()
     sched.allocator.check()
     assert sched.allocator.num_free == sched.allocator.num_blocks
 
@@ -177,21 +188,15 @@ def test_matched_blocks_populate_the_slot_mapping(cache):
     out = sched.schedule()
     [seq] = out.seqs
     assert seq.start == 20 == req.num_computed_tokens
-    assert req.block_table[:5] == held.blocks
+    assert sched.kv_manager.block_table(req.request_id)[:5] == held.blocks
     expected = np.array([b * bs + o for b in held.blocks for o in range(bs)])
-    assert (req.slot_mapping(0, 20, bs) == expected).all()
+    assert (slots(sched, req, 0, 20) == expected).all()
     # the shadow pool agrees: the cached slots hold this prompt's tokens
-    assert (d.tok[req.slot_mapping(0, 20, bs)] == req.tokens[:20]).all()
+    assert (d.tok[slots(sched, req, 0, 20)] == req.tokens[:20]).all()
     d.apply(out)
     while sched.has_unfinished():
         d.step()
     assert_no_leaks(sched)
-
-
-def test_slot_mapping_without_blocks_raises_index_error():
-    req = Request([1, 2, 3], SamplingParams())
-    with pytest.raises(IndexError, match="does not cover"):
-        req.slot_mapping(0, 3, 4)
 
 
 # ------------------------------------------------------------------ budgets and chunks
@@ -247,7 +252,7 @@ def test_preemption_takes_the_most_recent_request_and_recomputes_it():
     while b.num_preemptions == 0:
         d.step()
         assert a.num_preemptions == 0, "the older request was preempted"
-    assert b.status is RequestStatus.WAITING and not b.block_table
+    assert b.status is RequestStatus.WAITING and b.request_id not in sched.kv_manager
     while sched.has_unfinished():
         d.step()
     assert a.output_ids == expected_output(a.prompt, 20)
@@ -268,8 +273,7 @@ def test_chat_workload_small_pool_evicts_and_preempts(cache, policy, bs):
     d = Driver(sched)
     chat_waves(d, wl, max_new=10)
     assert sched.num_preemptions > 0
-    if cache is not None:
-        assert sched.num_evicted_blocks > 0
+    assert (sched.num_evicted_blocks > 0) == (cache is not None)
     assert_no_leaks(sched)
 
 
@@ -298,9 +302,9 @@ def test_without_waiting_shared_prefixes_are_computed_twice():
     wl = ChatWorkload(system_len=100, num_users=5, num_turns=1, user_len=(5, 20), vocab_size=VOCAB)
     totals = []
     for wait in (True, False):
-        alloc = BlockAllocator(256, 4)
-        cfg = SchedulerConfig(max_num_batched_tokens=256, wait_for_shared_prefill=wait)
-        d = Driver(Scheduler(alloc, make_cache("radix", alloc), cfg))
+        d = Driver(
+            make_sched("radix", 256, 4, max_num_batched_tokens=256, wait_for_shared_prefill=wait)
+        )
         [reqs] = chat_waves(d, wl, max_new=4)
         totals.append(sum(r.stats().prefill_tokens for r in reqs))
     assert totals[0] < totals[1]
@@ -393,10 +397,9 @@ def test_postprocess_rejects_a_missing_token():
         sched.postprocess(out, [])
 
 
-def test_cache_over_another_allocator_is_rejected():
-    a, b = BlockAllocator(8, 4), BlockAllocator(8, 4)
-    with pytest.raises(ValueError, match="allocator"):
-        Scheduler(a, make_cache("radix", b))
+def test_scheduler_takes_a_kv_manager():
+    with pytest.raises(TypeError, match="KVCacheManager"):
+        Scheduler(make_cache("radix", BlockAllocator(8, 4)))
 
 
 @pytest.mark.parametrize(
@@ -469,4 +472,36 @@ def test_random_waves_compute_exactly_the_ideal_prefill(seed, bs, cache, policy,
             ideal.finish(r.tokens[:-1])
             done.append(r.tokens.copy())
     assert sched.num_preemptions == 0 and sched.num_evicted_blocks == 0
+    assert_no_leaks(sched)
+
+
+@pytest.mark.parametrize("cache", ["radix", "hash"])
+def test_lpm_ranks_without_touching_the_cache_stats(cache):
+    # Regression: lpm used to rank with match + decref, counting every waiting request
+    # each step (155 matches for 12 requests). Ranking now peeks; each admission counts once.
+    wl = ChatWorkload(system_len=64, num_users=6, num_turns=2, user_len=(4, 12), vocab_size=VOCAB)
+    stats = {}
+    for policy in ("fcfs", "lpm"):
+        sched = make_sched(cache, 1024, 4, max_num_batched_tokens=32, policy=policy)
+        waves = chat_waves(Driver(sched), wl, max_new=4)
+        reqs = [r for w in waves for r in w]
+        assert sched.num_preemptions == 0
+        s = sched.cache.stats
+        assert s.num_matches == len(reqs)
+        assert s.query_tokens == sum(r.prompt_len - 1 for r in reqs)
+        assert s.hit_tokens == sum(r.stats().cached_tokens for r in reqs)
+        stats[policy] = (s.num_matches, s.query_tokens, s.hit_tokens)
+        assert_no_leaks(sched)
+    assert stats["lpm"] == stats["fcfs"]
+
+
+def test_namespaces_isolate_requests_in_the_scheduler():
+    prompt = np.arange(1, 30)
+    sched = make_sched("radix", 64, 4)
+    d = Driver(sched)
+    d.run([Request(prompt, SamplingParams(2), namespace="a")])
+    [b] = d.run([Request(prompt, SamplingParams(2), namespace="b")])
+    [a] = d.run([Request(prompt, SamplingParams(2), namespace="a")])
+    assert b.stats().cached_tokens == 0 and a.stats().cached_tokens == 28
+    assert a.output_ids == b.output_ids == expected_output(prompt, 2)
     assert_no_leaks(sched)

@@ -1,29 +1,51 @@
 """The engine tier: requests, their blocks, continuous batching and generation.
 
-Bookkeeping (:mod:`~radixkv.engine.request`, :mod:`~radixkv.engine.scheduler`) works
-on plain ints and numpy; only :mod:`~radixkv.engine.engine` touches tensors.
+Bookkeeping (:mod:`~radixkv.engine.request`, :mod:`~radixkv.engine.kv_manager`,
+:mod:`~radixkv.engine.scheduler`) works on plain ints and numpy and imports without
+torch; :mod:`~radixkv.engine.engine` runs the model. Its names (``Engine``,
+``EngineConfig``, ...) load on first use, so ``from radixkv.engine import
+KVCacheManager`` works where torch is not installed.
 """
 
-from radixkv.engine.engine import (
-    CACHE_KINDS,
-    Completion,
-    Engine,
-    EngineConfig,
-    EngineStats,
-    build_forward_batch,
-    make_cache,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.engine.request import Request, RequestStats, SamplingParams
+from radixkv.engine.scheduler import ADMISSION_POLICIES, Scheduler, SchedulerConfig
+
+if TYPE_CHECKING:
+    from radixkv.engine.engine import (
+        Completion,
+        Engine,
+        EngineConfig,
+        EngineStats,
+        build_forward_batch,
+    )
+
+_TORCH_NAMES = ("Completion", "Engine", "EngineConfig", "EngineStats", "build_forward_batch")
 
 __all__ = [
+    "ADMISSION_POLICIES",
     "CACHE_KINDS",
     "Completion",
     "Engine",
     "EngineConfig",
     "EngineStats",
+    "KVCacheManager",
     "Request",
     "RequestStats",
     "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
     "build_forward_batch",
     "make_cache",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        return getattr(importlib.import_module("radixkv.engine.engine"), name)
+    raise AttributeError(f"module 'radixkv.engine' has no attribute {name!r}")

@@ -25,23 +25,26 @@ import torch
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq
+from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
+from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.engine.request import Request, RequestStats, SamplingParams
-from radixkv.engine.scheduler import POLICIES, Scheduler, SchedulerConfig, SchedulerOutput
+from radixkv.engine.scheduler import (
+    ADMISSION_POLICIES,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 from radixkv.model.forward_batch import ForwardBatch
 from radixkv.model.kvpool import KVPool
 
 __all__ = [
-    "CACHE_KINDS",
     "Completion",
     "Engine",
     "EngineConfig",
     "EngineStats",
     "build_forward_batch",
-    "make_cache",
 ]
-
-CACHE_KINDS = ("radix", "hash", None)
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class EngineConfig:
 
     - ``num_blocks``: KV pool blocks; None sizes the pool from ``kv_memory_bytes``.
     - ``cache``: ``"radix"`` (:class:`~radixkv.RadixCache`), ``"hash"``
-      (:class:`~radixkv.cache.hashcache.HashBlockCache`) or None (no caching).
+      (:class:`~radixkv.HashBlockCache`) or None (no caching: a ``NullCache``).
     - ``eviction``: the radix cache's eviction order (``"level"`` or ``"lru"``).
     - ``kv_dtype`` / ``device``: of the pool; None takes the model's.
     """
@@ -79,8 +82,8 @@ class EngineConfig:
             raise ValueError(f"num_blocks must be a positive int or None, got {self.num_blocks!r}")
         if self.cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy not in ADMISSION_POLICIES:
+            raise ValueError(f"policy must be one of {ADMISSION_POLICIES}, got {self.policy!r}")
         if self.kv_dtype is not None and not (
             isinstance(self.kv_dtype, torch.dtype) and self.kv_dtype.is_floating_point
         ):
@@ -147,53 +150,35 @@ class EngineStats:
         )
 
 
-def make_cache(
-    kind: str | None, allocator: BlockAllocator, eviction: str = "level"
-) -> PrefixCache | None:
-    """The cache named by ``kind`` (see :data:`CACHE_KINDS`) over ``allocator``."""
-    if kind is None:
-        return None
-    if kind == "radix":
-        from radixkv.cache.radix import RadixCache
-
-        return RadixCache(allocator, eviction=eviction)
-    if kind == "hash":
-        from radixkv.cache.hashcache import HashBlockCache
-
-        return HashBlockCache(allocator, hash_seed=0)
-    raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")
-
-
 def build_forward_batch(
-    out: SchedulerOutput, block_size: int, device: torch.device
+    out: SchedulerOutput,
+    kv: KVCacheManager,
+    device: torch.device,
+    *,
+    backend: str,
+    group_size: int,
 ) -> ForwardBatch:
-    """The tensors the model needs for ``out``: where block ids become tensors.
+    """The batch the model runs for ``out``, on ``device`` (see :meth:`ForwardBatch.build`).
 
-    Slots come from each request's block table, so cached positions (the
-    matched blocks at the head of the table) are read from the cache's blocks.
-    Block tables stay on the CPU: the attention metadata concatenates them and
-    moves them to ``device`` in one copy, not one per sequence.
+    Each sequence's block table is its request's in ``kv``, so cached positions
+    (the matched blocks at the head of the table) are read from the cache's
+    blocks; ``block_size``/``num_blocks`` are ``kv``'s (the pool's). ``backend``
+    and ``group_size`` are the model's (``Decoder.backend_for``,
+    ``ModelConfig.group_size``). Raises ``ValueError`` if ``out`` is inconsistent
+    (a table too short, a block outside the pool). Reads ``kv``, never mutates it.
+    Complexity: O(num_tokens + total context / block_size).
     """
-    ids, positions, slots, query_lens, context_lens, tables = [], [], [], [], [], []
-    for seq in out.seqs:
-        req, start, stop = seq.request, seq.start, seq.stop
-        ids.append(req.tokens[start:stop])
-        positions.append(np.arange(start, stop, dtype=np.int64))
-        slots.append(req.slot_mapping(start, stop, block_size))
-        query_lens.append(seq.num_new_tokens)
-        context_lens.append(stop)
-        tables.append(req.block_table[: -(-stop // block_size)])
-
-    def tensor(parts: list[np.ndarray]) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
-
-    return ForwardBatch(
-        input_ids=tensor(ids),
-        positions=tensor(positions),
-        slot_mapping=tensor(slots),
-        query_lens=query_lens,
-        context_lens=context_lens,
-        block_tables=[torch.tensor(t, dtype=torch.int64) for t in tables],
+    seqs = out.seqs
+    return ForwardBatch.build(
+        np.concatenate([s.request.tokens[s.start : s.stop] for s in seqs]),
+        [s.num_new_tokens for s in seqs],
+        [s.stop for s in seqs],
+        [kv.block_table(s.request.request_id) for s in seqs],
+        block_size=kv.block_size,
+        num_blocks=kv.allocator.num_blocks,
+        backend=backend,
+        group_size=group_size,
+        device=device,
     )
 
 
@@ -230,23 +215,38 @@ class Engine:
         self.kv = model.make_kv_pool(
             num_blocks, cfg.block_size, dtype=cfg.kv_dtype, device=cfg.device
         )
-        self.allocator = BlockAllocator(num_blocks, cfg.block_size)
+        allocator = BlockAllocator(num_blocks, cfg.block_size)
         if cache_factory is not None:
-            self.cache = cache_factory(self.allocator)
+            cache = cache_factory(allocator)
+            cache = NullCache(allocator) if cache is None else cache
         else:
-            self.cache = make_cache(cfg.cache, self.allocator, cfg.eviction)
+            cache = make_cache(cfg.cache, allocator, cfg.eviction)
+        if cache.allocator is not allocator:
+            raise ValueError("cache_factory must build the cache over the allocator it is given")
+        self.kv_manager = KVCacheManager(cache)
         self.scheduler = Scheduler(
-            self.allocator,
-            self.cache,
+            self.kv_manager,
             SchedulerConfig(
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_num_seqs=cfg.max_num_seqs,
                 policy=cfg.policy,
+                # waiting for a running request's prefill only pays when its blocks get cached
+                wait_for_shared_prefill=cfg.cache is not None or cache_factory is not None,
             ),
         )
         self.num_steps = 0
         self._generators: dict[int, torch.Generator] = {}
         self._logprobs: dict[int, list[float]] = {}
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        """The block pool's bookkeeping (the KV tensors are ``self.kv``)."""
+        return self.kv_manager.allocator
+
+    @property
+    def cache(self) -> PrefixCache:
+        """The prefix cache (a ``NullCache`` when caching is off)."""
+        return self.kv_manager.cache
 
     # ------------------------------------------------------------- requests
     def add_request(self, prompt: TokenSeq, params: SamplingParams | None = None) -> Request:
@@ -263,7 +263,13 @@ class Engine:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
-        batch = build_forward_batch(out, self.allocator.block_size, self.kv.device)
+        batch = build_forward_batch(
+            out,
+            self.kv_manager,
+            self.kv.device,
+            backend=self.model.backend_for(self.kv.device),
+            group_size=self.model.config.group_size,
+        )
         logits = self.model.forward(batch, self.kv)
         next_tokens = self._sample(out, logits)
         self.num_steps += 1
@@ -380,16 +386,13 @@ class Engine:
 
     # ------------------------------------------------------------ housekeeping
     def check(self) -> None:
-        """Assert the allocator's, the scheduler's and the cache's invariants."""
-        self.allocator.check()
+        """Verify the scheduler's, the manager's (reference conservation), the cache's
+        and the allocator's invariants; ``AssertionError`` naming the first broken."""
         self.scheduler.check()
-        if self.cache is not None:
-            self.cache.check()
 
     def reset_cache(self) -> None:
         """Drop everything the cache holds (running requests keep their blocks)."""
-        if self.cache is not None:
-            self.cache.reset()
+        self.kv_manager.reset_cache()
 
 
 def _progress(total: int) -> Any:

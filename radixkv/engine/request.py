@@ -1,9 +1,10 @@
-"""Request: one generation request's tokens, block table and timing, as the scheduler sees them.
+"""Request: one generation request's tokens, progress and timing, as the scheduler sees them.
 
 Plain ints and numpy only: no tensor lives here. A request's token buffer is
-``prompt + output``; ``num_computed_tokens`` of them have K/V in the pool (through
-``block_table``), and the scheduler's job is to bring ``num_computed_tokens`` up
-to ``num_tokens`` (prefill chunks, then one decode token per step).
+``prompt + output``; ``num_computed_tokens`` of them have K/V in the pool (in the
+blocks the :class:`~radixkv.engine.kv_manager.KVCacheManager` holds for it), and the
+scheduler's job is to bring ``num_computed_tokens`` up to ``num_tokens`` (prefill
+chunks, then one decode token per step).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
 from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.protocol import check_namespace
 
 __all__ = ["FinishReason", "Request", "RequestStats", "RequestStatus", "SamplingParams"]
 
@@ -103,21 +106,27 @@ _ids = itertools.count()
 
 
 class Request:
-    """A prompt being served: its tokens, the blocks that hold their K/V, and timing.
+    """A prompt being served: its tokens, progress and timing.
 
-    Ownership: the scheduler owns ``block_table`` (one reference on each block,
-    given back on finish or preemption). ``block_table[i]`` holds positions
-    ``[i * block_size, (i + 1) * block_size)``.
+    Its blocks live in the scheduler's :class:`~radixkv.engine.kv_manager.KVCacheManager`
+    under ``request_id``. ``namespace`` (a tenant, a LoRA adapter, a cache salt; any
+    hashable) scopes its cache lookups: requests of different namespaces share nothing.
     """
 
     __slots__ = (
-        "request_id", "params", "prompt_len", "status", "finish_reason", "block_table",
+        "request_id", "params", "namespace", "prompt_len", "status", "finish_reason",
         "num_computed_tokens", "prefill_end", "cached_tokens", "num_prefill_tokens",
         "num_decode_tokens", "num_preemptions", "arrival_time", "first_token_time",
         "finish_time", "admitted", "_buf", "_len",
     )  # fmt: skip
 
-    def __init__(self, prompt: TokenSeq, params: SamplingParams, arrival_time: float = 0.0) -> None:
+    def __init__(
+        self,
+        prompt: TokenSeq,
+        params: SamplingParams,
+        arrival_time: float = 0.0,
+        namespace: Hashable = None,
+    ) -> None:
         tokens = as_token_array(prompt)
         if tokens.size == 0:
             raise ValueError("prompt must hold at least one token")
@@ -127,13 +136,13 @@ class Request:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         self.request_id = next(_ids)
         self.params = params
+        self.namespace = check_namespace(namespace)
         self.prompt_len = int(tokens.size)
         self._buf = np.empty(self.prompt_len + params.max_new_tokens, dtype=TOKEN_DTYPE)
         self._buf[: self.prompt_len] = tokens
         self._len = self.prompt_len
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
-        self.block_table: list[int] = []
         self.num_computed_tokens = 0
         # Tokens below prefill_end (set at each admission) run as prefill.
         self.prefill_end = 0
@@ -187,26 +196,6 @@ class Request:
         elif self.num_output_tokens >= self.params.max_new_tokens:
             self.finish_reason = FinishReason.LENGTH
 
-    # ----------------------------------------------------------- blocks
-    def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
-        """Blocks missing from ``block_table`` to hold K/V for ``num_tokens`` tokens."""
-        return max(0, -(-num_tokens // block_size) - len(self.block_table))
-
-    def slot_mapping(self, start: int, stop: int, block_size: int) -> np.ndarray:
-        """Slots (``block * block_size + offset``) of positions ``[start, stop)``, int64.
-
-        Cached positions get the slots of the matched blocks (they head the
-        table). ``IndexError`` if the table does not cover ``stop`` positions.
-        """
-        if stop > len(self.block_table) * block_size:
-            raise IndexError(
-                f"request {self.request_id}: block table of {len(self.block_table)} blocks "
-                f"does not cover position {stop - 1}"
-            )
-        pos = np.arange(start, stop, dtype=np.int64)
-        table = np.asarray(self.block_table, dtype=np.int64)
-        return table[pos // block_size] * block_size + pos % block_size
-
     # ----------------------------------------------------------- stats
     def stats(self) -> RequestStats:
         """Per-request statistics; valid once finished (earlier, unknown times are NaN)."""
@@ -237,5 +226,5 @@ class Request:
         return (
             f"Request(id={self.request_id}, status={self.status.value}, "
             f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-            f"blocks={len(self.block_table)})"
+            f"namespace={self.namespace!r})"
         )

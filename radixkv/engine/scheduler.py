@@ -1,20 +1,22 @@
-"""Scheduler: continuous batching over a block allocator and an optional prefix cache.
+"""Scheduler: continuous batching over a KV cache manager.
 
-Bookkeeping only (plain ints and numpy; no tensor here). Each step:
+Bookkeeping only (plain ints and numpy; no tensor here). Every block a request
+holds lives in the :class:`~radixkv.engine.kv_manager.KVCacheManager`; the scheduler
+decides who runs and asks the manager for blocks. Each step:
 
 1. ``schedule()`` gives running requests their tokens first, in admission order
    (one decode token, or the next prefill chunk), from a token budget shared by
-   the whole batch; blocks are allocated as tokens need them. When the pool is
-   short it evicts from the cache, then preempts the most recently admitted
-   running request (its blocks go back, it waits again and is recomputed).
-   Leftover budget admits waiting requests (``fcfs`` or ``lpm`` order): each
-   one matches its longest cached prefix (``cache.match(tokens[:-1])``: the
-   last token always runs, for its logits); the matched blocks head its block
-   table, so cached positions read their K/V from the matched blocks' slots.
+   the whole batch; the manager allocates blocks as tokens need them, evicting
+   from the cache when the pool is short. When even that is not enough, the most
+   recently admitted running request is preempted (its blocks go back, it waits
+   again and is recomputed). Leftover budget admits waiting requests (``fcfs`` or
+   ``lpm`` order): the manager matches each one's longest cached prefix (all but
+   the last token, which must run for its logits), and those blocks head its
+   table, so cached positions read their K/V from the cache's blocks.
 2. The engine runs the model on the scheduled tokens.
 3. ``postprocess(output, next_tokens)`` advances each request, appends sampled
-   tokens, and on finish hands the computed tokens' blocks to the cache
-   (``cache.insert``) before giving back the request's references (``decref``).
+   tokens, offers each prefill chunk's full blocks to the cache, and on finish
+   frees the request's blocks (the cache keeps what it adopted).
 
 Two choices go beyond the minimum, both so that a shared prefix is computed
 once when requests arrive together (all users of a system prompt at once):
@@ -31,17 +33,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.protocol import PrefixCache
+from radixkv.engine.kv_manager import KVCacheManager
 from radixkv.engine.request import Request, RequestStatus
 
-__all__ = ["POLICIES", "ScheduledSeq", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
+__all__ = [
+    "ADMISSION_POLICIES",
+    "ScheduledSeq",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+]
 
-POLICIES = ("fcfs", "lpm")
-# lpm ranks by matching every waiting request; beyond this many it falls back to
-# fcfs (SGLang does the same) so a long queue does not cost a tree walk per entry.
+ADMISSION_POLICIES = ("fcfs", "lpm")
+# lpm ranks the queue by each request's cached prefix (a side-effect-free peek);
+# beyond this many waiting requests it falls back to fcfs, as SGLang does.
 LPM_MAX_QUEUE = 128
 
 
@@ -52,10 +59,10 @@ class SchedulerConfig:
     - ``max_num_batched_tokens``: token budget of one step, shared by decodes
       and prefill chunks (a longer prompt prefills over several steps).
     - ``max_num_seqs``: most requests running at once.
-    - ``policy``: ``"fcfs"`` (arrival order) or ``"lpm"`` (longest cached
-      prefix first, arrival order among equals).
+    - ``policy``: the admission order, ``"fcfs"`` (arrival order) or ``"lpm"``
+      (longest cached prefix first, arrival order among equals).
     - ``wait_for_shared_prefill``: hold back a request whose prefix a running
-      request is prefilling right now (only with a cache).
+      request is prefilling right now (turn it off when nothing is cached).
     """
 
     max_num_batched_tokens: int = 512
@@ -68,8 +75,12 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy not in ADMISSION_POLICIES:
+            raise ValueError(f"policy must be one of {ADMISSION_POLICIES}, got {self.policy!r}")
+        if not isinstance(self.wait_for_shared_prefill, bool):
+            raise ValueError(
+                f"wait_for_shared_prefill must be a bool, got {self.wait_for_shared_prefill!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -107,35 +118,38 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Admits, batches, preempts and finishes requests over ``allocator`` and ``cache``.
+    """Admits, batches, preempts and finishes requests; their blocks live in ``kv_manager``.
 
-    Ownership: every block in a running request's ``block_table`` carries one
-    reference owned by that request; the scheduler gives it back on finish or
-    preemption. Waiting and finished requests hold no blocks. ``cache`` is any
-    object with the :class:`~radixkv.cache.protocol.PrefixCache` surface over the
-    same allocator, or None (no caching).
+    Ownership: a running request's blocks are held in ``kv_manager`` under its
+    ``request_id``; the scheduler frees them on finish or preemption. Waiting and
+    finished requests hold none. Not thread-safe: one thread drives
+    ``schedule`` / ``postprocess``.
     """
 
     def __init__(
         self,
-        allocator: BlockAllocator,
-        cache: PrefixCache | None = None,
+        kv_manager: KVCacheManager,
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if not isinstance(allocator, BlockAllocator):
-            raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
-        if cache is not None and cache.allocator is not allocator:
-            raise ValueError("cache must be built over the scheduler's allocator")
-        self.allocator = allocator
-        self.cache = cache
+        if not isinstance(kv_manager, KVCacheManager):
+            raise TypeError(f"kv_manager must be a KVCacheManager, got {type(kv_manager).__name__}")
+        self.kv_manager = kv_manager
         self.config = config or SchedulerConfig()
         self.clock = clock
-        self.block_size = allocator.block_size
+        self.block_size = kv_manager.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is preempted first
         self.num_preemptions = 0
         self.num_evicted_blocks = 0
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        return self.kv_manager.allocator
+
+    @property
+    def cache(self) -> PrefixCache:
+        return self.kv_manager.cache
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -149,9 +163,9 @@ class Scheduler:
 
     def validate(self, request: Request) -> None:
         """``ValueError`` if ``request`` was scheduled before or could never fit the pool."""
-        if request.status is not RequestStatus.WAITING or request.block_table:
+        if request.status is not RequestStatus.WAITING or request.request_id in self.kv_manager:
             raise ValueError(f"request {request.request_id} was already scheduled")
-        need = -(-request.max_kv_tokens // self.block_size)
+        need = self.kv_manager.num_blocks_for(request.max_kv_tokens)
         if need > self.allocator.num_blocks:
             raise ValueError(
                 f"request {request.request_id} needs {need} blocks ({request.prompt_len} prompt "
@@ -166,53 +180,43 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's tokens, allocating blocks for them (evicting / preempting if short).
 
-        Mutates request block tables, the queues and the allocator; touches no
-        tensor. Complexity: O(running + waiting * prefix blocks) per step.
+        Mutates the queues and, through ``kv_manager``, the block tables and the
+        allocator; touches no tensor. Complexity: O(running + admitted) manager
+        calls, plus O(waiting) peeks under ``lpm``.
         """
         out = SchedulerOutput()
+        evicted_before = self.kv_manager.num_evicted_blocks
         budget = self.config.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self._reserve(
-                req.num_blocks_for(req.num_computed_tokens + n, self.block_size), keep=i, out=out
-            ):
+            if not self._allocate(req, req.num_computed_tokens + n, keep=i, out=out):
                 continue  # req itself was preempted; running[i] is now the next one
-            self._extend(req, req.num_computed_tokens + n)
             out.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n))
             budget -= n
             i += 1
         if out.num_preempted == 0 and budget > 0:
             self._admit(out, budget)
+        out.num_evicted_blocks = self.kv_manager.num_evicted_blocks - evicted_before
+        self.num_evicted_blocks += out.num_evicted_blocks
         return out
 
-    def _reserve(self, need: int, keep: int, out: SchedulerOutput) -> bool:
-        """Make ``need`` blocks free: evict, then preempt running requests after index ``keep``.
+    def _allocate(self, req: Request, num_tokens: int, keep: int, out: SchedulerOutput) -> bool:
+        """Blocks for ``num_tokens`` of ``req``, preempting running requests after index ``keep``.
 
-        Returns False if it had to preempt ``running[keep]`` itself.
+        Returns False if it had to preempt ``running[keep]`` (``req``) itself.
         """
-        alloc = self.allocator
-        while alloc.num_free < need:
-            if self._evict(need - alloc.num_free, out):
-                continue
+        while not self.kv_manager.allocate_slots(req.request_id, num_tokens):
             victim = len(self.running) - 1
             self._preempt(self.running[victim], out)
             if victim == keep:
                 return False
         return True
 
-    def _evict(self, num_blocks: int, out: SchedulerOutput) -> int:
-        if self.cache is None or self.cache.evictable_blocks == 0:
-            return 0
-        freed = self.cache.evict(num_blocks)
-        out.num_evicted_blocks += freed
-        self.num_evicted_blocks += freed
-        return freed
-
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Give back `req`'s blocks (cached first: recomputing can reuse them); requeue it."""
-        self._release(req)
+        """Free ``req``'s blocks (computed ones offered to the cache first); requeue it."""
+        self.kv_manager.free(req.request_id, req.tokens[: req.num_computed_tokens])
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -221,44 +225,20 @@ class Scheduler:
         out.num_preempted += 1
         self.num_preemptions += 1
 
-    def _release(self, req: Request) -> None:
-        """Offer ``req``'s computed full blocks to the cache, then drop its references."""
-        if self.cache is not None and req.num_computed_tokens >= self.block_size:
-            self.cache.insert(req.tokens[: req.num_computed_tokens], req.block_table)
-        self.allocator.decref(req.block_table)
-        req.block_table = []
-
-    def _extend(self, req: Request, num_tokens: int) -> None:
-        """Grow ``req``'s block table to cover ``num_tokens`` positions (blocks already free)."""
-        need = req.num_blocks_for(num_tokens, self.block_size)
-        if need:
-            req.block_table.extend(self.allocator.alloc(need))
-
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         """Move waiting requests to running while budget, sequence slots and blocks last."""
-        cfg = self.config
-        candidates = self._admission_order()
+        cfg, kv = self.config, self.kv_manager
         admitted: set[int] = set()
-        for req in candidates:
+        for req in self._admission_order():
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 break
             if self._waits_for_prefill(req):
                 continue
-            prefix = req.tokens[: req.num_tokens - 1]
-            if self.cache is not None:
-                m = self.cache.match(prefix)
-                blocks, cached = m.blocks, m.num_tokens
-            else:
-                blocks, cached = [], 0
+            cached = kv.match_prefix(req.request_id, req.tokens, req.namespace)
             n = min(req.num_tokens - cached, budget)
-            need = -(-(cached + n) // self.block_size) - len(blocks)
-            if self.allocator.num_free < need:
-                self._evict(need - self.allocator.num_free, out)
-            if self.allocator.num_free < need:
-                if blocks:
-                    self.allocator.decref(blocks)
+            if not kv.allocate_slots(req.request_id, cached + n):
+                kv.free(req.request_id)
                 break  # admission never preempts; try again next step
-            req.block_table = blocks + self.allocator.alloc(need)
             req.num_computed_tokens = cached
             req.prefill_end = req.num_tokens
             if req.cached_tokens < 0:
@@ -272,21 +252,12 @@ class Scheduler:
             self.waiting = deque(r for r in self.waiting if r.request_id not in admitted)
 
     def _admission_order(self) -> list[Request]:
-        """Waiting requests in the order the policy admits them."""
+        """Waiting requests in the order the policy admits them (no side effect on the cache)."""
         waiting = list(self.waiting)
-        if (
-            self.config.policy == "fcfs"
-            or self.cache is None
-            or len(waiting) < 2
-            or len(waiting) > LPM_MAX_QUEUE
-        ):
+        if self.config.policy == "fcfs" or len(waiting) < 2 or len(waiting) > LPM_MAX_QUEUE:
             return waiting
-        cached = []
-        for req in waiting:
-            m = self.cache.match(req.tokens[: req.num_tokens - 1])
-            if m.blocks:
-                self.allocator.decref(m.blocks)  # ranking only: give the references back
-            cached.append(m.num_tokens)
+        peek = self.kv_manager.num_cached_tokens
+        cached = [peek(req.tokens, req.namespace) for req in waiting]
         order = sorted(range(len(waiting)), key=lambda k: -cached[k])  # stable: arrival ties
         return [waiting[k] for k in order]
 
@@ -296,17 +267,17 @@ class Scheduler:
         Admitting ``req`` now would compute those tokens a second time; once
         the running request's chunk lands, its blocks are in the cache.
         """
-        if self.cache is None or not self.config.wait_for_shared_prefill:
+        if not self.config.wait_for_shared_prefill:
             return False
         bs = self.block_size
         mine = req.tokens[: req.num_tokens - 1]
         for other in self.running:
-            if other.num_computed_tokens >= other.prefill_end:
+            if other.num_computed_tokens >= other.prefill_end or other.namespace != req.namespace:
                 continue
             done = (other.num_computed_tokens // bs) * bs  # already in the cache
             theirs = other.tokens[: other.prefill_end]
             limit = min(mine.size, theirs.size)
-            if limit - done < bs or not np.array_equal(mine[: done + bs], theirs[: done + bs]):
+            if limit - done < bs or not (mine[: done + bs] == theirs[: done + bs]).all():
                 continue  # they share nothing beyond what is cached already
             return True
         return False
@@ -316,14 +287,15 @@ class Scheduler:
         """Advance every scheduled request after the model ran; return those that finished.
 
         ``next_tokens[k]`` is the token sampled for ``out.seqs[k]`` when it
-        ``samples``, else ignored (None). A finished request's computed tokens
-        (prompt + output but the last) go to the cache with their blocks, then
-        its references are given back. Prefill progress also enters the cache
-        right away, so requests waiting on a shared prefix can match it.
+        ``samples``, else ignored (None). Each prefill chunk's full blocks enter
+        the cache right away, so requests waiting on a shared prefix can match
+        it; a finished request's computed tokens (prompt + output but the last)
+        are offered to the cache, then its blocks are freed.
         """
         if len(next_tokens) != len(out.seqs):
             raise ValueError(f"need {len(out.seqs)} next tokens, got {len(next_tokens)}")
         now = self.clock()
+        kv = self.kv_manager
         finished: list[Request] = []
         for seq, token in zip(out.seqs, next_tokens, strict=True):
             req = seq.request
@@ -333,8 +305,8 @@ class Scheduler:
             req.num_prefill_tokens += prefill
             req.num_decode_tokens += seq.num_new_tokens - prefill
             req.num_computed_tokens = seq.stop
-            if prefill and self.cache is not None and seq.stop >= self.block_size:
-                self.cache.insert(req.tokens[: seq.stop], req.block_table)
+            if prefill:
+                kv.cache_blocks(req.request_id, req.tokens[: seq.stop])
             if not seq.samples:
                 continue
             if token is None:
@@ -343,7 +315,7 @@ class Scheduler:
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.finish_reason is not None:
-                self._release(req)
+                kv.free(req.request_id, req.tokens[: req.num_computed_tokens])
                 req.status = RequestStatus.FINISHED
                 req.finish_time = now
                 self.running.remove(req)
@@ -352,25 +324,28 @@ class Scheduler:
 
     # ---------------------------------------------------------- invariants
     def check(self) -> None:
-        """Assert the bookkeeping invariants; ``AssertionError`` naming the first broken.
+        """Verify the bookkeeping; ``AssertionError`` naming the first broken rule.
 
-        Running requests' tables cover their computed tokens and hold
-        allocated blocks; waiting requests hold none; each block's refcount is
-        at least the number of requests holding it, and exactly that (plus
-        nothing) without a cache. Complexity: O(num_blocks + held blocks).
+        Running requests hold blocks covering their computed tokens; waiting
+        ones hold none; at most ``max_num_seqs`` run; and (``kv_manager.check``) every
+        block's refcount equals the references requests and the cache hold.
+        Complexity: O(num_blocks + held blocks).
         """
-        bs = self.block_size
-        held = np.zeros(self.allocator.num_blocks, dtype=np.int64)
+        kv = self.kv_manager
         for req in self.running:
-            assert req.status is RequestStatus.RUNNING, f"{req} in running"
-            assert len(req.block_table) * bs >= req.num_computed_tokens, f"{req} table too short"
-            assert len(set(req.block_table)) == len(req.block_table), f"{req} repeats a block"
-            np.add.at(held, np.asarray(req.block_table, dtype=np.int64), 1)
+            if req.status is not RequestStatus.RUNNING:
+                raise AssertionError(f"{req} is in the running queue")
+            if req.request_id not in kv:
+                raise AssertionError(f"{req} runs without blocks")
+            if len(kv.block_table(req.request_id)) * self.block_size < req.num_computed_tokens:
+                raise AssertionError(f"{req}'s blocks do not cover its computed tokens")
         for req in self.waiting:
-            assert req.status is RequestStatus.WAITING, f"{req} in waiting"
-            assert not req.block_table and req.num_computed_tokens == 0, f"{req} holds blocks"
-        assert len(self.running) <= self.config.max_num_seqs, "too many running requests"
-        rc = self.allocator.refcounts(np.arange(self.allocator.num_blocks))
-        assert (rc >= held).all(), "a request holds a block without a reference"
-        if self.cache is None:
-            assert (rc == held).all(), "a block is referenced by no request and no cache"
+            if req.status is not RequestStatus.WAITING:
+                raise AssertionError(f"{req} is in the waiting queue")
+            if req.request_id in kv or req.num_computed_tokens:
+                raise AssertionError(f"{req} waits while holding blocks")
+        if len(self.running) > self.config.max_num_seqs:
+            raise AssertionError("more requests run than max_num_seqs")
+        if kv.num_requests != len(self.running):
+            raise AssertionError(f"kv holds {kv.num_requests} requests, {len(self.running)} run")
+        kv.check()

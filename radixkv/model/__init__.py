@@ -1,10 +1,11 @@
 """The model tier: everything that holds tensors (torch).
 
 A Llama-family decoder over a paged KV pool (:mod:`~radixkv.model.decoder`), its
-attention backends (:mod:`~radixkv.model.attention`, :mod:`~radixkv.model.cascade`),
-the pool (:mod:`~radixkv.model.kvpool`), the one record a step hands the model
-(:mod:`~radixkv.model.forward_batch`), and loading from Hugging Face safetensors or
-GGUF (:mod:`~radixkv.model.loading`, :mod:`~radixkv.model.tokenizer`). Nothing here
+attention backends (:mod:`~radixkv.model.attention`, :mod:`~radixkv.model.cascade`,
+sharing :mod:`~radixkv.model.gather`), the pool (:mod:`~radixkv.model.kvpool`), the
+one record a step hands the model (:mod:`~radixkv.model.forward_batch`, the one place
+block ids become tensors), and loading from Hugging Face safetensors or GGUF
+(:mod:`~radixkv.model.loading`, :mod:`~radixkv.model.tokenizer`). Nothing here
 imports the cache tier: block ids arrive as plain integers.
 """
 

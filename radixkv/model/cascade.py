@@ -20,17 +20,26 @@ rounding (tests check both against the dense reference).
 Groups: sequences whose block tables start with the same block; a group's
 prefix is its members' longest common run of leading block ids, cut to end
 before any member's first new token (at least ``MIN_PREFIX_BLOCKS`` blocks,
-else the members run as in ``loop``).
+else the members run as in ``loop``). The plan is made from the host-side block
+tables: planning reads nothing back from the device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from radixkv.model.attention import AttentionMetadata, GatherWorkspace, _fold, _gather, _unfold
+from radixkv.model.gather import (
+    GatherWorkspace,
+    causal_mask,
+    fold_heads,
+    gather_kv,
+    unfold_heads,
+)
 
 __all__ = ["MIN_PREFIX_BLOCKS", "CascadePlan", "cascade_attention", "plan_cascade"]
 
@@ -41,19 +50,24 @@ MIN_PREFIX_BLOCKS = 2
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CascadePlan:
-    """How one step's sequences split into shared-prefix groups (built once per forward).
+    """How one step's sequences split into shared-prefix groups, and its index tensors.
 
-    ``gather_blocks`` lists, in order, each group's prefix blocks and then every
-    sequence's own blocks (for a member, only those after its group's prefix);
-    ``prefix_starts[g]`` / ``seq_starts[i]`` are their first rows in the
-    gathered K/V. ``group_of[i]`` is sequence ``i``'s group or -1;
-    ``masks[i]`` masks the keys sequence ``i`` reads from its own rows: for a member
-    the loop mask's suffix columns, made additive; otherwise the loop mask itself
-    (None for one query).
+    ``query_lens``/``context_lens``/``block_size`` describe the step as for
+    :class:`~radixkv.model.attention.AttentionMetadata`. ``gather_blocks``
+    (int64, on the step's device) lists, in order, each group's prefix blocks and
+    then every sequence's own blocks (for a member, only those after its group's
+    prefix); ``prefix_starts[g]`` / ``seq_starts[i]`` are their first rows in the
+    gathered K/V. ``group_of[i]`` is sequence ``i``'s group or -1; ``masks[i]``
+    masks the keys sequence ``i`` reads from its own rows: for a member the
+    causal mask's suffix columns, additive (float32, the flash op wants that);
+    otherwise the ``loop`` backend's boolean mask (None for one query).
     """
 
+    query_lens: list[int]
+    context_lens: list[int]
+    block_size: int
     groups: list[list[int]]
     prefix_lens: list[int]
     prefix_starts: list[int]
@@ -63,17 +77,29 @@ class CascadePlan:
     masks: list[torch.Tensor | None]
 
 
-def plan_cascade(meta: AttentionMetadata) -> CascadePlan | None:
+def plan_cascade(
+    query_lens: Sequence[int],
+    context_lens: Sequence[int],
+    block_tables: Sequence[np.ndarray | Sequence[int]],
+    *,
+    block_size: int,
+    group_size: int,
+    device: torch.device | str,
+) -> CascadePlan | None:
     """Group the step's sequences by shared leading blocks; None if no group qualifies.
 
-    ``meta`` is the step's ``loop`` metadata: its context blocks are read once (one
-    device-to-host copy for the whole step) and its causal masks are reused.
-    Complexity: O(total context blocks) plus the members' masks.
+    Host inputs as for :meth:`~radixkv.model.forward_batch.ForwardBatch.build`
+    (which validates them): ``block_tables[i]`` holds at least
+    ``ceil(context_lens[i] / block_size)`` block ids. Grouping reads only those
+    host tables; a plan costs one host-to-device copy (``gather_blocks``) and its
+    masks are made on ``device``, shaped for ``group_size`` query heads per KV head.
+    Complexity: O(total context blocks) plus the masks.
     """
-    bs, qls, cls_ = meta.block_size, meta.query_lens, meta.context_lens
-    flat = meta.ctx_blocks.tolist()
-    firsts = [k // bs for k in meta.key_starts]
-    tables = [flat[f : f + -(-c // bs)] for f, c in zip(firsts, cls_, strict=True)]
+    bs = block_size
+    qls, cls_ = [int(q) for q in query_lens], [int(c) for c in context_lens]
+    tables = [
+        np.asarray(t)[: -(-c // bs)].tolist() for t, c in zip(block_tables, cls_, strict=True)
+    ]
     by_first: dict[int, list[int]] = {}
     for i, table in enumerate(tables):
         by_first.setdefault(table[0], []).append(i)
@@ -92,7 +118,7 @@ def plan_cascade(meta: AttentionMetadata) -> CascadePlan | None:
             prefix_blocks.append(first[:n])
     if not groups:
         return None
-    device = meta.ctx_blocks.device
+    device = torch.device(device)
     group_of = [-1] * len(tables)
     for g, members in enumerate(groups):
         for i in members:
@@ -102,23 +128,28 @@ def plan_cascade(meta: AttentionMetadata) -> CascadePlan | None:
     for blocks in prefix_blocks:
         prefix_starts.append(len(order) * bs)
         order.extend(blocks)
-    seq_starts, masks = [], []
-    loop_masks = meta.loop_masks or [None] * len(tables)
-    for i, (table, mask) in enumerate(zip(tables, loop_masks, strict=True)):
+    seq_starts: list[int] = []
+    masks: list[torch.Tensor | None] = []
+    for i, (table, q, c) in enumerate(zip(tables, qls, cls_, strict=True)):
         skip = len(prefix_blocks[group_of[i]]) if group_of[i] >= 0 else 0
         seq_starts.append(len(order) * bs)
         order.extend(table[skip:])
-        if mask is not None and skip:
-            # the loop mask's columns past the prefix; the flash op wants it additive
-            seen = mask[:, skip * bs :]
-            mask = torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
-        masks.append(mask)
+        if q == 1:
+            masks.append(None)
+        elif skip:
+            seen = causal_mask(q, c, group_size, device, first_key=skip * bs)
+            masks.append(torch.zeros(seen.shape, device=device).masked_fill_(~seen, -torch.inf))
+        else:
+            masks.append(causal_mask(q, c, group_size, device))
     return CascadePlan(
+        query_lens=qls,
+        context_lens=cls_,
+        block_size=bs,
         groups=groups,
         prefix_lens=[len(b) * bs for b in prefix_blocks],
         prefix_starts=prefix_starts,
         group_of=group_of,
-        gather_blocks=torch.tensor(order, dtype=torch.int64, device=device),
+        gather_blocks=torch.tensor(order, dtype=torch.int64).to(device),
         seq_starts=seq_starts,
         masks=masks,
     )
@@ -149,7 +180,6 @@ def cascade_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
     plan: CascadePlan,
     workspace: GatherWorkspace | None = None,
 ) -> torch.Tensor:
@@ -157,16 +187,18 @@ def cascade_attention(
 
     Same contract as :func:`radixkv.model.attention.paged_attention`: ``q`` is
     ``[num_tokens, num_heads, head_dim]``, ``k_cache``/``v_cache`` one layer of
-    the pool holding this step's K/V; returns ``[num_tokens, num_heads * head_dim]``.
+    the pool holding this step's K/V, all on ``plan``'s device; returns
+    ``[num_tokens, num_heads * head_dim]``. Reads the pool, never writes it.
+    Complexity: one gather of ``plan.gather_blocks`` plus one attention call per
+    group and one per sequence.
     """
     num_kv_heads = k_cache.shape[1]
-    keys, values = _gather(k_cache, v_cache, plan.gather_blocks, meta.block_size, workspace)
+    qls = plan.query_lens
+    keys, values = gather_kv(k_cache, v_cache, plan.gather_blocks, plan.block_size, workspace)
     q_starts = [0]
-    for ql in meta.query_lens[:-1]:
+    for ql in qls[:-1]:
         q_starts.append(q_starts[-1] + ql)
-    folded = [
-        _fold(q[s : s + ql], num_kv_heads) for s, ql in zip(q_starts, meta.query_lens, strict=True)
-    ]
+    folded = [fold_heads(q[s : s + ql], num_kv_heads) for s, ql in zip(q_starts, qls, strict=True)]
     # 1. each group's queries, all together, over its shared prefix
     prefix_part: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for members, start, length in zip(
@@ -179,7 +211,7 @@ def cascade_attention(
         for i, o, m in zip(members, out.split(rows, dim=2), lse.split(rows, dim=2), strict=True):
             prefix_part[i] = (o, m)
     outs = []
-    for i, (ql, cl) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
+    for i, (ql, cl) in enumerate(zip(qls, plan.context_lens, strict=True)):
         g = plan.group_of[i]
         length = cl - (plan.prefix_lens[g] if g >= 0 else 0)
         s = plan.seq_starts[i]
@@ -196,5 +228,5 @@ def cascade_attention(
             w1 = torch.exp(lse1 - lse)[..., None].to(o1.dtype)
             w2 = torch.exp(lse2 - lse)[..., None].to(o2.dtype)
             o = o1 * w1 + o2 * w2
-        outs.append(_unfold(o[0], ql))
+        outs.append(unfold_heads(o[0], ql))
     return torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -58,7 +58,6 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
 
-
 # A small decoder for the demo and benchmarks when no real model is at hand.
 SMALL_CONFIG = ModelConfig(
     vocab_size=2048,

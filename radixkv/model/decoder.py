@@ -6,9 +6,10 @@ per-head q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2); tied or untied LM head.
 Parameter names mirror Hugging Face's (without the ``model.`` prefix) so
 checkpoints load by name (:mod:`radixkv.model.loading`).
 
-``Decoder.forward`` runs one scheduler step (:class:`ForwardBatch`): it writes
-every new token's K/V into the pool at ``slot_mapping`` and attends over each
-sequence's context through its block table. ``Decoder.forward_dense`` is the
+``Decoder.forward`` runs one scheduler step (a :class:`ForwardBatch`, built for
+``Decoder.backend_for`` of the pool's device): it writes every new token's K/V
+into the pool at ``slot_mapping`` and attends over each sequence's context
+through the batch's attention metadata. ``Decoder.forward_dense`` is the
 no-cache reference for one sequence.
 """
 
@@ -19,17 +20,11 @@ import math
 import torch
 from torch import nn
 
-from radixkv.model.attention import (
-    ATTENTION_BACKENDS,
-    AttentionMetadata,
-    GatherWorkspace,
-    dense_causal_attention,
-    paged_attention,
-    validate_batch,
-)
-from radixkv.model.cascade import cascade_attention, plan_cascade
+from radixkv.model.attention import dense_causal_attention, paged_attention
+from radixkv.model.cascade import cascade_attention
 from radixkv.model.config import ModelConfig
-from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.forward_batch import DECODER_BACKENDS, ForwardBatch
+from radixkv.model.gather import GatherWorkspace
 from radixkv.model.kvpool import KVPool
 
 __all__ = [
@@ -38,10 +33,6 @@ __all__ = [
     "preferred_attention_backend",
     "random_model",
 ]
-
-# The paged backends plus cascade attention (radixkv.model.cascade), which reads the
-# prefix blocks that a step's sequences share once for all of them.
-DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade")
 
 
 def preferred_attention_backend(device: torch.device | str) -> str:
@@ -168,8 +159,9 @@ class Decoder(nn.Module):
     :func:`random_model` or :func:`from_pretrained`. It lives on CPU in float32
     until moved (``.to(device, dtype)``).
     ``attention_backend`` picks the paged attention implementation
-    (:data:`DECODER_BACKENDS`); all give the same result up to float rounding.
-    None (the default) runs :func:`preferred_attention_backend` of the pool's device.
+    (:data:`DECODER_BACKENDS`) that :meth:`backend_for` names, so the batches
+    built for this model use it; all give the same result up to float rounding.
+    None (the default) names :func:`preferred_attention_backend` of the pool's device.
     """
 
     def __init__(self, config: ModelConfig, attention_backend: str | None = None):
@@ -227,62 +219,63 @@ class Decoder(nn.Module):
         h = x + layer.self_attn.o_proj(attn_out)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
+    def backend_for(self, device: torch.device | str) -> str:
+        """The backend a :class:`ForwardBatch` for this model on ``device`` should be built with.
+
+        ``attention_backend`` if one was given, else
+        :func:`preferred_attention_backend` of ``device``. Complexity: O(1).
+        """
+        return self.attention_backend or preferred_attention_backend(device)
+
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """One step; float32 logits ``[num_seqs, vocab]`` of each sequence's last new token.
 
+        ``batch`` comes from :meth:`ForwardBatch.build` (which validated it) for
+        this pool and model; the backend it was built with is the one that runs.
         Writes each new token's K/V at ``batch.slot_mapping`` in every layer of
-        ``kv`` (the only mutation) and reads contexts through ``batch.block_tables``.
-        Batch tensors may live on any device; work happens on ``kv.device``
-        (which must be the model's). Raises ``ValueError`` before touching the
-        pool if the batch is inconsistent: lengths, ``positions`` not
-        ``[context_len - query_len, context_len)``, ``slot_mapping`` not the
-        block tables' slots for them, a block id outside the pool (these three
-        cost one device sync), or a pool shaped for another model.
+        ``kv`` (the only mutation). Raises ``ValueError``, before touching the
+        pool, if ``kv`` is shaped for another model, the batch was built for a
+        pool of another ``block_size``/``num_blocks`` or another ``group_size``,
+        or the batch, the pool and the model are not on one device. Only these
+        Python-side facts are checked: no device sync.
+        Complexity: ``num_layers`` times (projections + the backend's attention).
         """
         c = self.config
-        validate_batch(batch)
         if (kv.num_layers, kv.num_kv_heads, kv.head_dim) != (
             c.num_layers,
             c.num_kv_heads,
             c.head_dim,
         ):
             raise ValueError(f"{kv!r} does not fit {c}")
-        device = kv.device
-        backend = self.attention_backend or preferred_attention_backend(device)
-        meta = AttentionMetadata.build(
-            batch, kv.block_size, c.group_size, backend if backend != "cascade" else "loop", device
-        )
-        plan = plan_cascade(meta) if backend == "cascade" else None
-        positions = batch.positions.to(device)
-        slot_mapping = batch.slot_mapping.to(device)
-        checks = torch.stack(
-            [
-                (positions != meta.new_positions).any(),
-                (slot_mapping != meta.new_slots).any(),
-                (meta.ctx_blocks < 0).any() | (meta.ctx_blocks >= kv.num_blocks).any(),
-            ]
-        ).tolist()  # the one device sync of a step
-        for failed, what in zip(checks, ("positions", "slot_mapping", "block_tables"), strict=True):
-            if failed:
-                raise ValueError(
-                    f"batch.{what} disagrees with context_lens/block_tables/the pool's "
-                    f"{kv.num_blocks} blocks"
-                )
-        x = self.embed_tokens(batch.input_ids.to(device))
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+        if (batch.block_size, batch.num_blocks) != (kv.block_size, kv.num_blocks):
+            raise ValueError(
+                f"batch was built for a pool of num_blocks={batch.num_blocks}, "
+                f"block_size={batch.block_size}; got {kv!r}"
+            )
+        if batch.attention.group_size != c.group_size:
+            raise ValueError(
+                f"batch was built for group_size={batch.attention.group_size}, "
+                f"the model has {c.group_size}"
+            )
+        if not batch.device == kv.device == self.device:
+            raise ValueError(
+                f"batch on {batch.device}, pool on {kv.device}, model on {self.device}: "
+                "need one device"
+            )
+        x = self.embed_tokens(batch.input_ids)
+        cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, x.dtype)
+        meta, plan, ws = batch.attention, batch.cascade, self.gather_workspace
         for i, layer in enumerate(self.layers):
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
-            kv.write(i, slot_mapping, k, v)
-            qi, ws = q.to(kv.dtype), self.gather_workspace
+            kv.write(i, batch.slot_mapping, k, v)
+            qi = q.to(kv.dtype)
             if plan is None:
                 attn = paged_attention(qi, kv.k[i], kv.v[i], meta, ws)
             else:
-                attn = cascade_attention(qi, kv.k[i], kv.v[i], meta, plan, ws)
-            attn = attn.to(x.dtype)
-            x = self._block(layer, x, attn)
-        last = torch.tensor(batch.query_lens, device=x.device).cumsum(0) - 1
-        return self._logits(x.index_select(0, last))
+                attn = cascade_attention(qi, kv.k[i], kv.v[i], plan, ws)
+            x = self._block(layer, x, attn.to(x.dtype))
+        return self._logits(x.index_select(0, batch.last_token_index))
 
     @torch.no_grad()
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,45 +1,96 @@
 """ForwardBatch: the one record that crosses from the scheduler to the model.
 
-The scheduler works on plain ints (block ids, lengths); this is where they
-become tensors. The model reads it and the KV pool; it mutates only the pool
-(writing each new token's K/V at its slot).
+The scheduler works on plain ints (block ids, lengths); :meth:`ForwardBatch.build`
+is the one place where they become tensors. It validates the host data, computes
+every new token's position and slot and the attention backend's index tensors
+once, and moves them to the device together; the model then only computes
+(``Decoder.forward`` reads the batch and mutates only the pool, writing each new
+token's K/V at its slot).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["ForwardBatch"]
+from radixkv.model.attention import (
+    ATTENTION_BACKENDS,
+    AttentionMetadata,
+    context_blocks,
+    query_positions,
+)
+from radixkv.model.cascade import CascadePlan, plan_cascade
+from radixkv.model.gather import indices_to_device
+
+__all__ = ["DECODER_BACKENDS", "ForwardBatch"]
+
+# The paged backends plus cascade attention (radixkv.model.cascade), which reads the
+# prefix blocks that a step's sequences share once for all of them.
+DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade")
 
 
-@dataclass
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _int_list(name: str, values: Sequence[int]) -> list[int]:
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise ValueError(f"{name}[{i}] must be an int, got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def _int_array(name: str, values: object) -> np.ndarray:
+    """``values`` as a 1-D integer array (no copy if it already is one)."""
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.size and a.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
+    return a
+
+
+@dataclass(frozen=True)
 class ForwardBatch:
-    """One model step over a mix of prefill chunks and decode tokens.
+    """One model step over a mix of prefill chunks and decode tokens, ready on a device.
 
-    Sequences appear in a fixed order; ``input_ids``, ``positions`` and
-    ``slot_mapping`` hold every sequence's new tokens back to back in that order.
+    Make it with :meth:`build`. Sequences appear in a fixed order;
+    ``input_ids``, ``positions`` and ``slot_mapping`` hold every sequence's new
+    tokens back to back in that order (int64 tensors on the step's device).
 
-    - ``input_ids``: ``[num_tokens]`` int64, the new tokens.
-    - ``positions``: ``[num_tokens]`` int64, each new token's absolute position
-      in its sequence (a sequence with ``c`` cached tokens starts at ``c``).
-    - ``slot_mapping``: ``[num_tokens]`` int64, the KV pool slot
+    - ``input_ids``: ``[num_tokens]``, the new tokens.
+    - ``positions``: ``[num_tokens]``, each new token's absolute position in its
+      sequence: sequence ``i``'s are ``[context_len - query_len, context_len)``.
+    - ``slot_mapping``: ``[num_tokens]``, the KV pool slot
       (``block * block_size + offset``) where each new token's K/V is written.
+    - ``last_token_index``: ``[num_seqs]``, each sequence's last new token's row
+      (whose logits the model returns).
     - ``query_lens``: new tokens per sequence (a prefill chunk, or 1 for a decode).
     - ``context_lens``: per sequence, context length after this step
       (cached + earlier chunks + new tokens); attention reads positions
       ``[0, context_len)`` through the block table.
-    - ``block_tables``: per sequence, ``[>= ceil(context_len / block_size)]``
-      int64 block ids: block ``i`` holds positions ``[i * bs, (i + 1) * bs)``.
+    - ``block_size``/``num_blocks``: of the pool the batch was built for.
+    - ``attention``: the attention backend's index tensors; ``cascade``: the
+      shared-prefix plan when built for ``cascade`` and a group formed, else None.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     slot_mapping: torch.Tensor
+    last_token_index: torch.Tensor
     query_lens: list[int]
     context_lens: list[int]
-    block_tables: list[torch.Tensor]
+    block_size: int
+    num_blocks: int
+    attention: AttentionMetadata
+    cascade: CascadePlan | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -48,3 +99,130 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    @classmethod
+    def build(
+        cls,
+        input_ids: np.ndarray | Sequence[int],
+        query_lens: Sequence[int],
+        context_lens: Sequence[int],
+        block_tables: Sequence[np.ndarray | Sequence[int]],
+        *,
+        block_size: int,
+        num_blocks: int,
+        backend: str,
+        group_size: int,
+        device: torch.device | str,
+    ) -> ForwardBatch:
+        """The batch for one step, every tensor on ``device``.
+
+        ``input_ids``: 1-D ints, all sequences' new tokens back to back;
+        ``query_lens``/``context_lens``: per sequence; ``block_tables``: per
+        sequence, 1-D ints with at least ``ceil(context_len / block_size)``
+        entries (entry ``j`` holds positions ``[j * bs, (j + 1) * bs)``; more are
+        ignored). ``num_blocks``/``block_size``: of the pool the batch will run
+        on; ``backend``: one of :data:`DECODER_BACKENDS`; ``group_size``: the
+        model's query heads per KV head (``Decoder.backend_for`` and
+        ``ModelConfig.group_size`` give the last two). Nothing is kept from the
+        inputs: they are copied.
+
+        Raises ``ValueError`` naming the field, the sequence and the value, before
+        any tensor exists, if: there are no sequences; the per-sequence counts
+        disagree; a ``query_len`` is not in ``[1, context_len]``;
+        ``sum(query_lens) != len(input_ids)``; a block table is too short or not
+        1-D ints; a block id it uses is outside ``[0, num_blocks)``; a token id is
+        negative; or an option is invalid. Token ids are not checked against a
+        vocabulary. One host-to-device copy (two when a cascade group forms).
+        Complexity: O(num_seqs + num_tokens + total context / block_size) on the
+        host (times ``block_size`` for ``padded``/``varlen``), plus the backend's
+        masks on the device.
+
+        >>> b = ForwardBatch.build([7, 8, 9], [2, 1], [6, 3], [[1, 6], [5]], block_size=4,
+        ...                        num_blocks=8, backend="loop", group_size=1, device="cpu")
+        >>> b.positions.tolist(), b.slot_mapping.tolist()
+        ([4, 5, 2], [24, 25, 22])
+        """
+        bs = _positive_int("block_size", block_size)
+        num_blocks = _positive_int("num_blocks", num_blocks)
+        group_size = _positive_int("group_size", group_size)
+        if backend not in DECODER_BACKENDS:
+            raise ValueError(f"backend must be one of {DECODER_BACKENDS}, got {backend!r}")
+        ids = _int_array("input_ids", input_ids)
+        qls = _int_list("query_lens", query_lens)
+        cls_ = _int_list("context_lens", context_lens)
+        n = len(qls)
+        if n == 0:
+            raise ValueError("query_lens is empty: a batch needs at least one sequence")
+        if len(cls_) != n or len(block_tables) != n:
+            raise ValueError(
+                f"query_lens has {n} entries, context_lens {len(cls_)} and block_tables "
+                f"{len(block_tables)}: need one per sequence"
+            )
+        for i, (q, c) in enumerate(zip(qls, cls_, strict=True)):
+            if not 1 <= q <= c:
+                raise ValueError(
+                    f"query_lens[{i}] = {q} with context_lens[{i}] = {c}: "
+                    "need 1 <= query_len <= context_len"
+                )
+        if sum(qls) != ids.size:
+            raise ValueError(f"input_ids has {ids.size} tokens, sum(query_lens) = {sum(qls)}")
+        tables = [_int_array(f"block_tables[{i}]", t) for i, t in enumerate(block_tables)]
+        ctx_blocks, first_blocks = context_blocks(cls_, tables, bs)
+        bad = np.flatnonzero((ctx_blocks < 0) | (ctx_blocks >= num_blocks))
+        if bad.size:
+            k = int(bad[0])
+            i = int(np.searchsorted(first_blocks, k, side="right")) - 1
+            raise ValueError(
+                f"block_tables[{i}][{k - int(first_blocks[i])}] = {int(ctx_blocks[k])} "
+                f"is outside the pool's blocks [0, {num_blocks})"
+            )
+        seq_of_token, positions = query_positions(qls, cls_)
+        neg = np.flatnonzero(ids < 0)
+        if neg.size:
+            t = int(neg[0])
+            raise ValueError(
+                f"input_ids[{t}] = {int(ids[t])} (sequence {int(seq_of_token[t])}) is negative"
+            )
+
+        # the one computation of slots: block_table[pos // bs] * bs + pos % bs
+        block_of_token = ctx_blocks[first_blocks[seq_of_token] + positions // bs]
+        host = {
+            "input_ids": ids,
+            "positions": positions,
+            "slot_mapping": block_of_token * bs + positions % bs,
+            "last_token_index": np.cumsum(np.asarray(qls, dtype=np.int64)) - 1,
+        }
+        paged = "loop" if backend == "cascade" else backend
+        meta_host = AttentionMetadata.host_indices(
+            qls, cls_, ctx_blocks, block_size=bs, backend=paged
+        )
+        moved = indices_to_device({**host, **meta_host}, device)
+        meta = AttentionMetadata.from_indices(
+            {name: moved[name] for name in meta_host},
+            qls,
+            cls_,
+            block_size=bs,
+            group_size=group_size,
+            backend=paged,
+        )
+        plan = None
+        if backend == "cascade":
+            plan = plan_cascade(
+                qls, cls_, tables, block_size=bs, group_size=group_size, device=device
+            )
+        return cls(
+            input_ids=moved["input_ids"],
+            positions=moved["positions"],
+            slot_mapping=moved["slot_mapping"],
+            last_token_index=moved["last_token_index"],
+            query_lens=qls,
+            context_lens=cls_,
+            block_size=bs,
+            num_blocks=num_blocks,
+            attention=meta,
+            cascade=plan,
+        )

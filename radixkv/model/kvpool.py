@@ -4,16 +4,15 @@ Per layer, one K and one V tensor of shape ``[num_blocks * block_size,
 num_kv_heads, head_dim]``. Token ``offset`` of block ``b`` lives at slot
 ``b * block_size + offset``, so a block id from :class:`~radixkv.BlockAllocator`
 (same ``num_blocks`` and ``block_size``) addresses the pool directly. The pool
-owns memory only; which blocks are live is the allocator's business.
+owns memory only; which blocks are live is the allocator's business, and slots
+are computed in one place, :meth:`~radixkv.model.forward_batch.ForwardBatch.build`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-__all__ = ["KVPool", "default_device", "slots_for_positions"]
+__all__ = ["KVPool", "default_device"]
 
 
 def default_device() -> torch.device:
@@ -24,28 +23,6 @@ def default_device() -> torch.device:
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def slots_for_positions(
-    block_table: torch.Tensor, num_tokens: int, block_size: int
-) -> torch.Tensor:
-    """Slots of positions ``[0, num_tokens)`` of a sequence whose blocks are ``block_table``.
-
-    ``block_table`` is a 1-D integer tensor with at least ``ceil(num_tokens /
-    block_size)`` entries; entry ``i`` holds positions ``[i * bs, (i + 1) * bs)``.
-    Returns an int64 tensor on ``block_table``'s device. Raises ``ValueError`` if
-    the table is too short. Complexity: O(num_tokens).
-    """
-    needed = -(-num_tokens // block_size)
-    if block_table.dim() != 1 or block_table.numel() < needed:
-        raise ValueError(
-            f"block_table needs >= {needed} blocks for {num_tokens} tokens, "
-            f"got shape {tuple(block_table.shape)}"
-        )
-    pos = torch.arange(num_tokens, device=block_table.device)
-    return block_table[:needed].long().repeat_interleave(block_size)[:num_tokens] * block_size + (
-        pos % block_size
-    )
 
 
 class KVPool:
@@ -147,11 +124,6 @@ class KVPool:
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (``[n]`` int64): two new ``[n, num_kv_heads, head_dim]`` tensors."""
         return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
-
-    def slots(self, block_table: torch.Tensor | Sequence[int], num_tokens: int) -> torch.Tensor:
-        """Slots of positions ``[0, num_tokens)`` (see :func:`slots_for_positions`)."""
-        table = torch.as_tensor(block_table, dtype=torch.int64, device=self.device)
-        return slots_for_positions(table, num_tokens, self.block_size)
 
     def check(self) -> None:
         """Assert the tensors' count, shape, dtype and device match the pool's attributes."""

@@ -1,0 +1,250 @@
+"""KVCacheManager: a request's blocks over every prefix cache (radix, hash, null).
+
+Example tests for each call, then a hypothesis state machine that runs requests
+through match / allocate / compute / cache / free / evict / reset with a shadow
+pool (the token each slot holds), and after every step checks reference
+conservation (``kv.check``) and that every request's blocks hold its own tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixkv import BlockAllocator
+from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
+
+KINDS = [k for k in CACHE_KINDS]
+
+
+def manager(kind: str | None, num_blocks: int = 16, block_size: int = 2) -> KVCacheManager:
+    return KVCacheManager(make_cache(kind, BlockAllocator(num_blocks, block_size)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_match_prefix_leaves_the_last_token_to_run(kind) -> None:
+    kv = manager(kind)
+    assert kv.match_prefix("a", [1, 2, 3, 4]) == 0
+    assert kv.allocate_slots("a", 4)
+    kv.free("a", [1, 2, 3, 4])
+    # the whole prompt is cached, but its last token must run: one block short
+    want = 0 if kind is None else 2
+    assert kv.match_prefix("b", [1, 2, 3, 4]) == want
+    assert len(kv.block_table("b")) == want // 2
+    assert kv.num_cached_tokens([1, 2, 3, 4]) == want
+    kv.free("b")
+    kv.check()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_allocate_slots_says_no_and_changes_nothing_when_the_pool_is_short(kind) -> None:
+    kv = manager(kind, num_blocks=4)
+    kv.match_prefix("a", list(range(6)))
+    assert kv.allocate_slots("a", 6)  # 3 blocks
+    kv.match_prefix("b", [9, 9, 9])
+    free_before = kv.allocator.num_free
+    assert not kv.allocate_slots("b", 3)  # needs 2, 1 free, nothing evictable
+    assert kv.block_table("b") == [] and kv.allocator.num_free == free_before
+    assert kv.allocate_slots("b", 2)
+    kv.check()
+
+
+def test_allocate_slots_evicts_cached_blocks_under_pressure() -> None:
+    kv = manager("radix", num_blocks=4)
+    kv.match_prefix("a", list(range(7)))
+    kv.allocate_slots("a", 7)
+    kv.free("a", list(range(6)))  # 3 full blocks stay cached
+    assert kv.allocator.num_free == 1 and kv.cache.cached_blocks == 3
+    kv.match_prefix("b", [50, 51, 52, 53, 54])
+    assert kv.allocate_slots("b", 5)
+    assert kv.num_evicted_blocks >= 2
+    kv.check()
+
+
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_duplicates_switch_to_the_cached_blocks_and_are_freed(kind) -> None:
+    kv = manager(kind, num_blocks=16)
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    for rid in ("a", "b"):  # both admitted before either computed anything
+        assert kv.match_prefix(rid, prompt) == 0
+        assert kv.allocate_slots(rid, len(prompt))
+    a, b = list(kv.block_table("a")), list(kv.block_table("b"))
+    assert set(a).isdisjoint(b)
+    kv.cache_blocks("a", prompt)  # a's 3 full blocks enter the cache
+    free_before = kv.allocator.num_free
+    kv.cache_blocks("b", prompt)  # b computed the same tokens: it moves onto a's blocks
+    assert kv.block_table("b")[:3] == a[:3]
+    assert kv.block_table("b")[3] == b[3]  # the partial block stays its own
+    assert kv.allocator.num_free == free_before + 3
+    assert kv.num_switched_blocks == 3
+    assert all(kv.allocator.refcount(x) == 0 for x in b[:3])
+    kv.check()
+    kv.free("a", prompt)
+    kv.free("b", prompt + [8])
+    kv.check()
+    kv.cache.reset()
+    assert kv.allocator.num_free == kv.allocator.num_blocks
+
+
+def test_cache_blocks_does_not_count_a_query() -> None:
+    kv = manager("radix")
+    prompt = list(range(9))
+    for rid in ("a", "b"):
+        kv.match_prefix(rid, prompt)
+        kv.allocate_slots(rid, 9)
+    kv.cache_blocks("a", prompt)
+    kv.cache_blocks("b", prompt)  # switches: re-matches the cached prefix
+    assert kv.cache.stats.num_matches == 2  # the two admissions only
+
+
+def test_reset_cache_forgets_what_requests_had_cached() -> None:
+    kv = manager("radix")
+    prompt = list(range(8))
+    kv.match_prefix("a", prompt)
+    kv.allocate_slots("a", 8)
+    kv.cache_blocks("a", prompt)
+    kv.reset_cache()
+    assert kv.cache.cached_blocks == 0
+    kv.cache_blocks("a", prompt)  # offered again after the reset: adopted again
+    assert kv.cache.cached_blocks == 4
+    kv.check()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_misuse_is_refused_before_any_change(kind) -> None:
+    kv = manager(kind)
+    with pytest.raises(KeyError, match="unknown request 'x'"):
+        kv.allocate_slots("x", 4)
+    with pytest.raises(KeyError):
+        kv.free("x")
+    kv.match_prefix("a", [1, 2, 3])
+    with pytest.raises(ValueError, match="already holds blocks"):
+        kv.match_prefix("a", [1, 2, 3])
+    with pytest.raises(ValueError, match="at least one token"):
+        kv.match_prefix("b", [])
+    with pytest.raises(TypeError, match="namespace"):
+        kv.match_prefix("b", [1, 2], namespace=[])
+    assert "b" not in kv
+    kv.allocate_slots("a", 3)
+    with pytest.raises(ValueError, match="need 3 blocks"):
+        kv.cache_blocks("a", [1, 2, 3, 4, 5, 6])
+    kv.check()
+
+
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_namespaces_share_nothing(kind) -> None:
+    kv = manager(kind)
+    prompt = [1, 2, 3, 4, 5]
+    kv.match_prefix("a", prompt, namespace="t1")
+    kv.allocate_slots("a", 5)
+    kv.free("a", prompt)
+    assert kv.match_prefix("b", prompt, namespace="t2") == 0
+    assert kv.match_prefix("c", prompt, namespace="t1") == 4
+    kv.check()
+
+
+def test_check_catches_a_reference_nobody_owns() -> None:
+    kv = manager("radix")
+    kv.match_prefix("a", [1, 2, 3])
+    kv.allocate_slots("a", 3)
+    kv.allocator.incref(kv.block_table("a")[:1])  # a stray reference
+    with pytest.raises(AssertionError, match="refcount of block"):
+        kv.check()
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    """Requests over a small pool; a shadow pool records which token each slot holds."""
+
+    @initialize(
+        kind=st.sampled_from(KINDS),
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(6, 24),
+    )
+    def setup(self, kind, block_size, num_blocks) -> None:
+        self.kv = manager(kind, num_blocks, block_size)
+        self.bs = block_size
+        self.slot_token = np.full(num_blocks * block_size, -1, dtype=np.int64)
+        self.prompts: dict[int, list[int]] = {}
+        self.computed: dict[int, int] = {}
+        self.next_id = 0
+
+    @property
+    def running(self) -> list[int]:
+        return sorted(self.prompts)
+
+    def write(self, rid: int, start: int, stop: int) -> None:
+        """'Compute' positions [start, stop): write the request's tokens into its slots."""
+        table = self.kv.block_table(rid)
+        for pos in range(start, stop):
+            slot = table[pos // self.bs] * self.bs + pos % self.bs
+            self.slot_token[slot] = self.prompts[rid][pos]
+
+    @rule(
+        stem=st.sampled_from([[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8]]),
+        tail=st.lists(st.integers(1, 3), min_size=1, max_size=6),
+        ns=st.sampled_from([None, None, "t"]),
+    )
+    def admit(self, stem, tail, ns) -> None:
+        prompt = stem + tail
+        rid = self.next_id
+        self.next_id += 1
+        cached = self.kv.match_prefix(rid, prompt, namespace=ns)
+        assert cached % self.bs == 0 and cached < len(prompt)
+        if not self.kv.allocate_slots(rid, len(prompt)):
+            self.kv.free(rid)
+            return
+        self.prompts[rid] = prompt
+        self.computed[rid] = cached
+        self.check_contents(rid, cached)  # the matched blocks hold this prompt's tokens
+
+    @precondition(lambda self: self.prompts)
+    @rule(data=st.data())
+    def compute(self, data) -> None:
+        rid = data.draw(st.sampled_from(self.running))
+        done, total = self.computed[rid], len(self.prompts[rid])
+        if done == total:
+            return
+        stop = data.draw(st.integers(done + 1, total))
+        self.write(rid, done, stop)
+        self.computed[rid] = stop
+        self.kv.cache_blocks(rid, self.prompts[rid][:stop])
+        self.check_contents(rid, stop)
+
+    @precondition(lambda self: self.prompts)
+    @rule(data=st.data(), offer=st.booleans())
+    def finish(self, data, offer) -> None:
+        rid = data.draw(st.sampled_from(self.running))
+        tokens = self.prompts[rid][: self.computed[rid]] if offer else None
+        self.kv.free(rid, tokens)
+        del self.prompts[rid], self.computed[rid]
+
+    @rule(n=st.integers(0, 8))
+    def evict(self, n) -> None:
+        self.kv.cache.evict(n)
+
+    @rule()
+    def reset(self) -> None:
+        self.kv.reset_cache()
+
+    def check_contents(self, rid: int, upto: int) -> None:
+        table = self.kv.block_table(rid)
+        for pos in range(upto):
+            slot = table[pos // self.bs] * self.bs + pos % self.bs
+            assert self.slot_token[slot] == self.prompts[rid][pos], (rid, pos)
+
+    @invariant()
+    def conserved(self) -> None:
+        self.kv.check()
+        for rid in self.running:
+            self.check_contents(rid, self.computed[rid])
+
+    def teardown(self) -> None:
+        for rid in self.running:
+            self.kv.free(rid)
+        self.kv.reset_cache()
+        assert self.kv.allocator.num_free == self.kv.allocator.num_blocks
+
+
+TestManagerMachine = ManagerMachine.TestCase
