@@ -188,7 +188,6 @@ def length_sweep(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-
 def plot(rows: list[dict], sweep: list[dict], img: Path) -> None:
     import matplotlib
 

@@ -47,8 +47,10 @@ def chat_workload(
     systems = [rng.integers(0, vocab, sys_len, dtype=np.int32) for _ in range(4)]
     convs = []
     for c in range(n_conv):
-        turns = [rng.integers(0, vocab, int(rng.integers(150, 251)), dtype=np.int32)
-                 for _ in range(n_turns)]
+        turns = [
+            rng.integers(0, vocab, int(rng.integers(150, 251)), dtype=np.int32)
+            for _ in range(n_turns)
+        ]
         convs.append(np.concatenate([systems[c % 4], *turns]))
         convs[-1] = (convs[-1], np.cumsum([sys_len] + [len(t) for t in turns])[1:])
     order = np.repeat(np.arange(n_conv), n_turns)
@@ -64,8 +66,10 @@ def chat_workload(
 
 def long_workload(rng: np.random.Generator, n: int, length: int, shared: int):
     prefix = rng.integers(0, 32000, shared, dtype=np.int32)
-    return [(i, np.concatenate([prefix, rng.integers(0, 32000, length - shared, dtype=np.int32)]))
-            for i in range(n)]
+    return [
+        (i, np.concatenate([prefix, rng.integers(0, 32000, length - shared, dtype=np.int32)]))
+        for i in range(n)
+    ]
 
 
 def block_tables(requests, bs: int) -> tuple[list[np.ndarray], int]:
@@ -167,15 +171,20 @@ def bench_match_insert(name: str, requests, bs: int, repeats: int, naive: bool) 
     for op in ("insert", "match", "match_list"):
         med = statistics.median(measured[op])
         spread = max(measured[op]) - min(measured[op])
-        rows.append({
-            "workload": name, "block_size": bs,
-            "op": "match (list input)" if op == "match_list" else op,
-            "requests": n_req, "tokens": n_tok,
-            "us_per_req": 1e6 * med / n_req, "spread_us": 1e6 * spread / n_req,
-            "mtok_per_s": n_tok / med / 1e6,
-            "naive_us_per_req": 1e6 * floor[op] / n_req if op in floor else float("nan"),
-            "speedup_vs_naive": floor[op] / med if op in floor else float("nan"),
-        })
+        rows.append(
+            {
+                "workload": name,
+                "block_size": bs,
+                "op": "match (list input)" if op == "match_list" else op,
+                "requests": n_req,
+                "tokens": n_tok,
+                "us_per_req": 1e6 * med / n_req,
+                "spread_us": 1e6 * spread / n_req,
+                "mtok_per_s": n_tok / med / 1e6,
+                "naive_us_per_req": 1e6 * floor[op] / n_req if op in floor else float("nan"),
+                "speedup_vs_naive": floor[op] / med if op in floor else float("nan"),
+            }
+        )
     cache = state["cache"]
     rows.append(memory_row(name, requests, tables, n_ids, bs, cache.cached_blocks))
     return rows
@@ -194,8 +203,12 @@ def memory_row(name: str, requests, tables, n_ids: int, bs: int, cached: int) ->
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     return {
-        "workload": name, "block_size": bs, "op": "memory", "requests": len(requests),
-        "tokens": cached * bs, "bytes_per_block": used / cached,
+        "workload": name,
+        "block_size": bs,
+        "op": "memory",
+        "requests": len(requests),
+        "tokens": cached * bs,
+        "bytes_per_block": used / cached,
         "bytes_per_token": used / (cached * bs),
         "nodes": cache.num_nodes,
     }
@@ -232,9 +245,14 @@ def bench_evict(sizes: list[int], bs: int, repeats: int, naive_size: int) -> lis
             while cache.cached_blocks:
                 freed += cache.evict(step)
             per_block.append((time.perf_counter() - t0) / freed)
-        row = {"workload": "evict", "block_size": bs, "op": "evict 1% steps",
-               "tokens": cached * bs, "us_per_block": 1e6 * statistics.median(per_block),
-               "spread_us": 1e6 * (max(per_block) - min(per_block))}
+        row = {
+            "workload": "evict",
+            "block_size": bs,
+            "op": "evict 1% steps",
+            "tokens": cached * bs,
+            "us_per_block": 1e6 * statistics.median(per_block),
+            "spread_us": 1e6 * (max(per_block) - min(per_block)),
+        }
         if size <= naive_size:
             trie = NaiveTrie(bs)
             inserted = 0
@@ -252,22 +270,33 @@ def bench_evict(sizes: list[int], bs: int, repeats: int, naive_size: int) -> lis
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'workload':<8} {'bs':>3} {'op':<20} {'us/req':>9} {'±':>6} {'Mtok/s':>8} "
-          f"{'naive us':>10} {'x naive':>8}")
+    print(
+        f"{'workload':<8} {'bs':>3} {'op':<20} {'us/req':>9} {'±':>6} {'Mtok/s':>8} "
+        f"{'naive us':>10} {'x naive':>8}"
+    )
     for r in rows:
         if r["op"] == "memory":
-            print(f"{r['workload']:<8} {r['block_size']:>3} {'memory':<20} "
-                  f"{r['bytes_per_token']:>8.2f} B/token  {r['bytes_per_block']:.1f} B/block  "
-                  f"{r['nodes']} nodes")
+            print(
+                f"{r['workload']:<8} {r['block_size']:>3} {'memory':<20} "
+                f"{r['bytes_per_token']:>8.2f} B/token  {r['bytes_per_block']:.1f} B/block  "
+                f"{r['nodes']} nodes"
+            )
         elif r["workload"] == "evict":
-            extra = (f"{r['naive_us_per_block']:>10.2f} {r['speedup_vs_naive']:>8.1f}"
-                     if "naive_us_per_block" in r else "")
-            print(f"{'evict':<8} {r['block_size']:>3} {r['tokens']:>9} tokens cached "
-                  f"{r['us_per_block']:>7.3f} us/block {'':>8}{extra}")
+            extra = (
+                f"{r['naive_us_per_block']:>10.2f} {r['speedup_vs_naive']:>8.1f}"
+                if "naive_us_per_block" in r
+                else ""
+            )
+            print(
+                f"{'evict':<8} {r['block_size']:>3} {r['tokens']:>9} tokens cached "
+                f"{r['us_per_block']:>7.3f} us/block {'':>8}{extra}"
+            )
         else:
-            print(f"{r['workload']:<8} {r['block_size']:>3} {r['op']:<20} {r['us_per_req']:>9.2f} "
-                  f"{r['spread_us']:>6.2f} {r['mtok_per_s']:>8.1f} {r['naive_us_per_req']:>10.1f} "
-                  f"{r['speedup_vs_naive']:>8.1f}")
+            print(
+                f"{r['workload']:<8} {r['block_size']:>3} {r['op']:<20} {r['us_per_req']:>9.2f} "
+                f"{r['spread_us']:>6.2f} {r['mtok_per_s']:>8.1f} {r['naive_us_per_req']:>10.1f} "
+                f"{r['speedup_vs_naive']:>8.1f}"
+            )
 
 
 def main() -> None:
