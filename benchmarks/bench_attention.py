@@ -22,30 +22,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import write_csv
+from bench_common import Step, write_csv
 
 from radixkv.model import Decoder, ForwardBatch, ModelConfig, random_model
 from radixkv.model.attention import ATTENTION_BACKENDS, AttentionMetadata, paged_attention
 from radixkv.model.kvpool import KVPool
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
-
-
-@dataclass(frozen=True)
-class Step:
-    """One scheduler step on the host: what ``ForwardBatch.build`` takes."""
-
-    input_ids: np.ndarray
-    query_lens: list[int]
-    context_lens: list[int]
-    block_tables: list[np.ndarray]
-    num_blocks: int
 
 
 def make_step(

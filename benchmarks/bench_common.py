@@ -1,9 +1,12 @@
-"""What every benchmark script shares: writing its result rows as CSV."""
+"""What the benchmark scripts share: writing result rows as CSV, and a host-side step."""
 
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -15,3 +18,14 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {path}")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scheduler step on the host: what ``ForwardBatch.build`` takes."""
+
+    input_ids: np.ndarray
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[np.ndarray]
+    num_blocks: int

@@ -26,27 +26,15 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import write_csv
+from bench_common import Step, write_csv
 
 from radixkv.model import Decoder, ForwardBatch, ModelConfig, random_model
 from radixkv.model.gather import GatherWorkspace, gather_kv  # the engine's own gather
 from radixkv.model.kvpool import KVPool
-
-
-@dataclass(frozen=True)
-class Step:
-    """One scheduler step on the host: what ``ForwardBatch.build`` takes."""
-
-    input_ids: np.ndarray
-    query_lens: list[int]
-    context_lens: list[int]
-    block_tables: list[np.ndarray]
-    num_blocks: int
 
 
 def engine_step(
