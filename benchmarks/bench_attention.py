@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from bench_common import Step, write_csv
 
-from radixkv.model import Decoder, ForwardBatch, ModelConfig, random_model
+from radixkv.model import Decoder, ModelConfig, random_model
 from radixkv.model.attention import ATTENTION_BACKENDS, AttentionMetadata, paged_attention
 from radixkv.model.kvpool import KVPool
 
@@ -92,17 +92,7 @@ def time_forward(backend: str, model: Decoder, pool: KVPool, step: Step) -> floa
     """Seconds for one whole step with ``backend``: ``ForwardBatch.build`` + ``Decoder.forward``."""
     sync(pool.device)
     t0 = time.perf_counter()
-    batch = ForwardBatch.build(
-        step.input_ids,
-        step.query_lens,
-        step.context_lens,
-        step.block_tables,
-        block_size=pool.block_size,
-        num_blocks=pool.num_blocks,
-        backend=backend,
-        group_size=model.config.group_size,
-        device=pool.device,
-    )
+    batch = step.batch(pool, backend, model.config.group_size)
     model(batch, pool)
     sync(pool.device)
     return time.perf_counter() - t0

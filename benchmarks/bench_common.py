@@ -5,8 +5,12 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the torch-free benchmarks import this module too
+    from radixkv.model import ForwardBatch, KVPool
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -29,3 +33,19 @@ class Step:
     context_lens: list[int]
     block_tables: list[np.ndarray]
     num_blocks: int
+
+    def batch(self, pool: KVPool, backend: str, group_size: int) -> ForwardBatch:
+        """The step as ``pool``'s batch for ``backend`` (``ForwardBatch.build``)."""
+        from radixkv.model import ForwardBatch
+
+        return ForwardBatch.build(
+            self.input_ids,
+            self.query_lens,
+            self.context_lens,
+            self.block_tables,
+            block_size=pool.block_size,
+            num_blocks=pool.num_blocks,
+            backend=backend,
+            group_size=group_size,
+            device=pool.device,
+        )

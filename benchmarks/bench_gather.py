@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from bench_common import Step, write_csv
 
-from radixkv.model import Decoder, ForwardBatch, ModelConfig, random_model
+from radixkv.model import Decoder, ModelConfig, random_model
 from radixkv.model.gather import GatherWorkspace, gather_kv  # the engine's own gather
 from radixkv.model.kvpool import KVPool
 
@@ -89,17 +89,7 @@ def gather_ways(
 
 def forward(model: Decoder, pool: KVPool, step: Step) -> None:
     """One whole step: the batch for the model's backend, then ``Decoder.forward``."""
-    batch = ForwardBatch.build(
-        step.input_ids,
-        step.query_lens,
-        step.context_lens,
-        step.block_tables,
-        block_size=pool.block_size,
-        num_blocks=pool.num_blocks,
-        backend=model.backend_for(pool.device),
-        group_size=model.config.group_size,
-        device=pool.device,
-    )
+    batch = step.batch(pool, model.backend_for(pool.device), model.config.group_size)
     model(batch, pool)
 
 
