@@ -3,7 +3,7 @@
 Greedy outputs with the cache on must equal the cache off token for token on
 the same device and dtype, over workloads with shared prefixes, chunked
 prefill, eviction and preemption. Log-probabilities agree to ~1e-5, not bit for
-bit: see docs/engine.md ("Bit-identity") for the kernel-level reason.
+bit: see docs/engine.md ("What is identical, and how it is measured") for why.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ the model runs them (block ids become tensors only here, in
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +26,11 @@ import torch
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq
+from radixkv.cache.eviction import EVICTION_ORDERS
 from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
 from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
-from radixkv.engine.request import Request, RequestStats, SamplingParams
+from radixkv.engine.request import FinishReason, Request, RequestStats, SamplingParams
 from radixkv.engine.scheduler import (
     ADMISSION_POLICIES,
     Scheduler,
@@ -46,6 +48,8 @@ __all__ = [
     "build_forward_batch",
 ]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -56,6 +60,12 @@ class EngineConfig:
       (:class:`~radixkv.HashBlockCache`) or None (no caching: a ``NullCache``).
     - ``eviction``: the radix cache's eviction order (``"level"`` or ``"lru"``).
     - ``kv_dtype`` / ``device``: of the pool; None takes the model's.
+    - ``seed``: requests sampled without a seed of their own draw theirs from
+      this and their arrival order in the engine, so a fresh engine repeats
+      its outputs whatever ran before in the process.
+
+    Every field is checked at construction: ``TypeError``/``ValueError`` naming
+    the field and the value.
     """
 
     block_size: int = 16
@@ -67,7 +77,8 @@ class EngineConfig:
     cache: str | None = "radix"
     eviction: str = "level"
     kv_dtype: torch.dtype | None = None
-    device: str | None = None
+    device: str | torch.device | None = None
+    seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_memory_bytes", "max_num_batched_tokens", "max_num_seqs"):
@@ -88,11 +99,36 @@ class EngineConfig:
             isinstance(self.kv_dtype, torch.dtype) and self.kv_dtype.is_floating_point
         ):
             raise ValueError(f"kv_dtype must be a floating torch.dtype, got {self.kv_dtype!r}")
+        if self.eviction not in EVICTION_ORDERS:
+            names = ", ".join(repr(n) for n in EVICTION_ORDERS)
+            raise ValueError(f"eviction must be one of {names}, got {self.eviction!r}")
+        if self.device is not None:
+            _check_device(self.device)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+
+
+def _check_device(device: object) -> None:
+    """``ValueError`` naming ``device`` unless torch parses it and its backend is present."""
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device must be a str or torch.device, got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"device must name a torch device, got {device!r} ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device is {device!r} but CUDA is not available here")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device is {device!r} but MPS is not available here")
 
 
 @dataclass(frozen=True)
 class Completion:
-    """One finished request: its tokens, the log-probability of each output token, its cost."""
+    """One finished request: its tokens, the log-probability of each output token, its cost.
+
+    ``finish_reason`` is ``"length"``, ``"stop"``, ``"abort"`` or ``"error"``
+    (then ``error`` says what failed).
+    """
 
     request_id: int
     prompt_ids: list[int]
@@ -101,6 +137,7 @@ class Completion:
     finish_reason: str
     stats: RequestStats
     text: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,8 +272,9 @@ class Engine:
             ),
         )
         self.num_steps = 0
-        self._generators: dict[int, torch.Generator] = {}
-        self._logprobs: dict[int, list[float]] = {}
+        self.num_failed_steps = 0
+        self._num_added = 0  # requests added so far: the default seed's counter
+        self._generators: dict[int, torch.Generator] = {}  # sampled requests, until they end
 
     @property
     def allocator(self) -> BlockAllocator:
@@ -249,37 +287,138 @@ class Engine:
         return self.kv_manager.cache
 
     # ------------------------------------------------------------- requests
-    def add_request(self, prompt: TokenSeq, params: SamplingParams | None = None) -> Request:
-        """Queue one token-id prompt; ``ValueError`` if it could never fit the pool."""
-        req = Request(prompt, params or SamplingParams(), arrival_time=time.perf_counter())
-        self.scheduler.add_request(req)
-        self._logprobs[req.request_id] = []
+    def add_request(
+        self,
+        prompt: TokenSeq,
+        params: SamplingParams | None = None,
+        namespace: Hashable = None,
+    ) -> int:
+        """Queue one token-id prompt; return its request id.
+
+        ``namespace`` (a tenant, a LoRA adapter name, a cache salt; any
+        hashable) scopes its prefix cache: requests of different namespaces
+        share no blocks. ``TypeError``/``ValueError`` before anything is queued
+        if the prompt or the params are malformed, a token or stop id is outside
+        the model's vocabulary, or the request could never fit the pool.
+        Read the request's progress with :meth:`get`; it comes back from
+        :meth:`step` once finished.
+        """
+        req = self._make_request(prompt, params, namespace)
+        self._enqueue([req], time.perf_counter())
+        return req.request_id
+
+    def get(self, request_id: int) -> Request | None:
+        """The waiting or running request with this id; None once it finished (or if unknown)."""
+        return self.scheduler.get(request_id)
+
+    def abort_request(self, request_id: int) -> Request | None:
+        """Stop a waiting or running request now and return it (None if unknown or finished).
+
+        Its blocks go back to the pool; the full blocks it computed are offered
+        to the cache first, so later requests still reuse them. It ends with
+        ``finish_reason`` ``"abort"`` and the outputs it had; it is not returned
+        by a later :meth:`step`. Complexity: O(queue length) plus the free.
+        """
+        req = self.scheduler.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.finish(req, FinishReason.ABORT)
+        self._generators.pop(request_id, None)
         return req
 
+    def _make_request(
+        self, prompt: TokenSeq, params: SamplingParams | None, namespace: Hashable
+    ) -> Request:
+        """A request checked against the model and the pool (nothing queued or allocated)."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams or None, got {params!r}")
+        req = Request(prompt, params, namespace=namespace)
+        vocab = self.model.config.vocab_size
+        top = int(req.prompt.max())
+        if top >= vocab:
+            raise ValueError(
+                f"prompt token id {top} is outside the model's vocabulary (vocab_size {vocab})"
+            )
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise ValueError(
+                f"stop_token_ids {bad} are outside the model's vocabulary (vocab_size {vocab})"
+            )
+        self.scheduler.validate(req)
+        return req
+
+    def _enqueue(self, reqs: Sequence[Request], now: float) -> None:
+        """Queue checked requests; a sampled one gets its own generator now."""
+        for req in reqs:
+            req.arrival_time = now
+            if not req.params.greedy:
+                seed = req.params.seed
+                if seed is None:
+                    seed = _derived_seed(self.config.seed, self._num_added)
+                gen = torch.Generator(device="cpu")
+                gen.manual_seed(seed)
+                self._generators[req.request_id] = gen
+            self._num_added += 1
+            self.scheduler.add_request(req)
+
     def step(self) -> list[Request]:
-        """Schedule, run the model, postprocess; return the requests that finished."""
+        """Schedule, run the model, postprocess; return the requests that finished.
+
+        Each returned request carries its outputs (``output_ids``, ``logprobs``,
+        ``finish_reason``; :meth:`completion` packs them) and the engine keeps
+        nothing of it. If running the step fails (the model raises, say), the
+        step's requests finish with ``finish_reason`` ``"error"`` and
+        ``Request.error`` set, their blocks go back, the failure is logged, and
+        they are returned: the engine keeps serving the others.
+        """
         out = self.scheduler.schedule()
         if not out:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
-        batch = build_forward_batch(
-            out,
-            self.kv_manager,
-            self.kv.device,
-            backend=self.model.backend_for(self.kv.device),
-            group_size=self.model.config.group_size,
-        )
-        logits = self.model.forward(batch, self.kv)
-        next_tokens = self._sample(out, logits)
+        try:
+            batch = build_forward_batch(
+                out,
+                self.kv_manager,
+                self.kv.device,
+                backend=self.model.backend_for(self.kv.device),
+                group_size=self.model.config.group_size,
+            )
+            logits = self.model.forward(batch, self.kv)
+            next_tokens = self._sample(out, logits)
+            finished = self.scheduler.postprocess(out, next_tokens)
+        except Exception as exc:  # noqa: BLE001 - one bad step must not wedge the engine
+            finished = self._fail(out, exc)
         self.num_steps += 1
-        finished = self.scheduler.postprocess(out, next_tokens)
         for req in finished:
             self._generators.pop(req.request_id, None)
         return finished
 
+    def _fail(self, out: SchedulerOutput, exc: Exception) -> list[Request]:
+        """Finish every request of a failed step with an error; return the step's finished."""
+        self.num_failed_steps += 1
+        reqs = list({id(s.request): s.request for s in out.seqs}.values())
+        log.error(
+            "step %d failed; finishing its %d requests (%s) with an error",
+            self.num_steps,
+            len(reqs),
+            ", ".join(str(r.request_id) for r in reqs),
+            exc_info=exc,
+        )
+        message = f"{type(exc).__name__}: {exc}"
+        for req in reqs:
+            if self.scheduler.get(req.request_id) is req:
+                self.scheduler.finish(req, FinishReason.ERROR, error=message)
+        # Requests that postprocess finished normally before the failure count as finished too.
+        return [r for r in reqs if r.finish_reason is not None]
+
     def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> list[int | None]:
-        """One token per sequence that reached its last token (None for mid-prefill chunks)."""
+        """One token per sequence that reached its last token (None for mid-prefill chunks).
+
+        Appends each picked token's log-probability to its request's ``logprobs``.
+        """
         rows = [k for k, seq in enumerate(out.seqs) if seq.samples]
         tokens: list[int | None] = [None] * len(out.seqs)
         if not rows:
@@ -295,22 +434,17 @@ class Engine:
         chosen = logp.gather(1, picks[:, None])[:, 0].tolist()
         for j, k in enumerate(rows):
             tokens[k] = picked[j]
-            self._logprobs[out.seqs[k].request.request_id].append(chosen[j])
+            out.seqs[k].request.logprobs.append(chosen[j])
         return tokens
 
     def _sample_one(self, req: Request, row: torch.Tensor) -> int:
         """Temperature / top-p sampling from ``req``'s own generator (batch-independent)."""
-        gen = self._generators.get(req.request_id)
-        if gen is None:
-            seed = req.params.seed if req.params.seed is not None else req.request_id
-            gen = torch.Generator(device="cpu").manual_seed(seed)
-            self._generators[req.request_id] = gen
         probs = torch.softmax(row.double().cpu() / req.params.temperature, dim=-1)
         if req.params.top_p < 1.0:
             sorted_p, order = probs.sort(descending=True)
             keep = (sorted_p.cumsum(0) - sorted_p) < req.params.top_p  # always keeps the top one
             probs = torch.zeros_like(probs).index_copy_(0, order[keep], sorted_p[keep])
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return int(torch.multinomial(probs, 1, generator=self._generators[req.request_id]))
 
     # ------------------------------------------------------------- generate
     def generate(
@@ -318,23 +452,31 @@ class Engine:
         prompts: Sequence[TokenSeq],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         progress: bool | Any = False,
+        namespace: Hashable | list[Hashable] = None,
     ) -> list[Completion]:
         """Generate for every prompt; return completions in prompt order.
 
-        Every prompt is checked (and ``ValueError`` raised) before any is
-        queued. Requests queued earlier with ``add_request`` run alongside.
-        ``progress``: True shows a tqdm bar of finished requests; an object
-        with ``update(n)`` (a caller's tqdm bar) is advanced instead.
+        ``params``: one ``SamplingParams`` for all prompts, or a list/tuple of
+        one per prompt. ``namespace``: one hashable for all prompts, or a
+        ``list`` of one per prompt (see :meth:`add_request`). Every prompt is
+        checked (``TypeError``/``ValueError``) before any is queued. Requests
+        queued earlier with ``add_request`` run alongside (and are dropped
+        from what this returns). ``progress``: True shows a tqdm bar of finished
+        requests; an object with ``update(n)`` (a caller's tqdm bar) is
+        advanced instead.
         """
-        plist = self._params_list(params, len(prompts))
-        reqs = [Request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-        for req in reqs:
-            self.scheduler.validate(req)
-        now = time.perf_counter()
-        for req in reqs:
-            req.arrival_time = now
-            self.scheduler.add_request(req)
-            self._logprobs[req.request_id] = []
+        n = len(prompts)
+        plist = self._params_list(params, n)
+        if isinstance(namespace, list):
+            if len(namespace) != n:
+                raise ValueError(f"got {len(namespace)} namespaces for {n} prompts")
+            nlist = namespace
+        else:
+            nlist = [namespace] * n
+        reqs = [
+            self._make_request(p, sp, ns) for p, sp, ns in zip(prompts, plist, nlist, strict=True)
+        ]
+        self._enqueue(reqs, time.perf_counter())
         own_bar = progress is True
         bar = _progress(len(reqs)) if own_bar else (progress or None)
         pending = {r.request_id for r in reqs}
@@ -346,31 +488,34 @@ class Engine:
                         bar.update(1)
         if own_bar:
             bar.close()
-        return [self._completion(r) for r in reqs]
+        return [self.completion(r) for r in reqs]
 
     def generate_text(
         self,
         prompts: Sequence[str],
         params: SamplingParams | None = None,
         progress: bool | Any = False,
+        namespace: Hashable | list[Hashable] = None,
     ) -> list[Completion]:
         """``generate`` for text prompts: encoded and decoded with ``self.tokenizer``."""
         if self.tokenizer is None:
             raise ValueError("generate_text needs an Engine built with a tokenizer")
         ids = [self.tokenizer.encode(p) for p in prompts]
-        return self.generate(ids, params, progress=progress)
+        return self.generate(ids, params, progress=progress, namespace=namespace)
 
-    def _completion(self, req: Request) -> Completion:
+    def completion(self, req: Request) -> Completion:
+        """``req``'s outputs, logprobs, finish reason and stats (text too, given a tokenizer)."""
         out = req.output_ids
         text = self.tokenizer.decode(out) if self.tokenizer is not None else None
         return Completion(
             request_id=req.request_id,
             prompt_ids=req.prompt.tolist(),
             output_ids=out,
-            logprobs=self._logprobs.pop(req.request_id, []),
+            logprobs=list(req.logprobs),
             finish_reason=req.finish_reason.value if req.finish_reason else "",
             stats=req.stats(),
             text=text,
+            error=req.error,
         )
 
     @staticmethod
@@ -379,10 +524,16 @@ class Engine:
     ) -> list[SamplingParams]:
         if params is None or isinstance(params, SamplingParams):
             return [params or SamplingParams()] * n
-        plist = list(params)
-        if len(plist) != n:
-            raise ValueError(f"got {len(plist)} SamplingParams for {n} prompts")
-        return plist
+        if not isinstance(params, (list, tuple)):
+            raise TypeError(
+                f"params must be SamplingParams, a list of them or None, got {params!r}"
+            )
+        if len(params) != n:
+            raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+        for k, sp in enumerate(params):
+            if not isinstance(sp, SamplingParams):
+                raise TypeError(f"params[{k}] must be SamplingParams, got {sp!r}")
+        return list(params)
 
     # ------------------------------------------------------------ housekeeping
     def check(self) -> None:
@@ -393,6 +544,11 @@ class Engine:
     def reset_cache(self) -> None:
         """Drop everything the cache holds (running requests keep their blocks)."""
         self.kv_manager.reset_cache()
+
+
+def _derived_seed(engine_seed: int, ordinal: int) -> int:
+    """The seed of the ``ordinal``-th request added to an engine seeded ``engine_seed``."""
+    return int(np.random.SeedSequence([engine_seed, ordinal]).generate_state(1, np.uint64)[0])
 
 
 def _progress(total: int) -> Any:

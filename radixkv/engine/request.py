@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +32,9 @@ class SamplingParams:
       softmax sampling at that temperature.
     - ``top_p``: nucleus sampling mass in ``(0, 1]``; ignored when greedy.
     - ``seed``: seeds the request's own generator, so sampled outputs do not
-      depend on batching; None derives one from the request id.
+      depend on batching; an int in ``[-2**63, 2**64)`` (what
+      ``torch.Generator.manual_seed`` takes). None: the engine derives one from
+      its own seed and the request's arrival order in that engine.
     - ``stop_token_ids``: generation stops after emitting any of these (the
       stop token is kept in the output).
     """
@@ -44,28 +46,48 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise ValueError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int)
-        ):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        stops = tuple(self.stop_token_ids)
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in stops):
-            raise ValueError(
-                f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}"
-            )
-        object.__setattr__(self, "stop_token_ids", stops)
+        _check_int("max_new_tokens", self.max_new_tokens, low=1)
+        _check_real("temperature", self.temperature)
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        _check_real("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, low=SEED_MIN, high=SEED_MAX)
+        stops = self.stop_token_ids
+        if isinstance(stops, (str, bytes)) or not isinstance(stops, Iterable):
+            raise ValueError(f"stop_token_ids must be a sequence of ints, got {stops!r}")
+        stops = tuple(stops)
+        for t in stops:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+                raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
+
+
+def _check_int(name: str, value: object, *, low: int, high: int | None = None) -> None:
+    """``ValueError`` naming ``name`` unless ``low <= value <= high``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def _check_real(name: str, value: object) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is a finite real."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
 
 
 class RequestStatus(enum.Enum):
@@ -75,8 +97,10 @@ class RequestStatus(enum.Enum):
 
 
 class FinishReason(enum.Enum):
-    LENGTH = "length"
-    STOP = "stop"
+    LENGTH = "length"  # max_new_tokens reached
+    STOP = "stop"  # a stop token was sampled
+    ABORT = "abort"  # Engine.abort_request
+    ERROR = "error"  # the step that ran it failed (Request.error says how)
 
 
 @dataclass(frozen=True)
@@ -117,7 +141,7 @@ class Request:
         "request_id", "params", "namespace", "prompt_len", "status", "finish_reason",
         "num_computed_tokens", "prefill_end", "cached_tokens", "num_prefill_tokens",
         "num_decode_tokens", "num_preemptions", "arrival_time", "first_token_time",
-        "finish_time", "admitted", "_buf", "_len",
+        "finish_time", "admitted", "logprobs", "error", "_buf", "_len",
     )  # fmt: skip
 
     def __init__(
@@ -131,14 +155,16 @@ class Request:
         if tokens.size == 0:
             raise ValueError("prompt must hold at least one token")
         if (tokens < 0).any():
-            raise ValueError("prompt token ids must be >= 0")
+            raise ValueError(f"prompt token ids must be >= 0, got {int(tokens.min())}")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         self.request_id = next(_ids)
         self.params = params
         self.namespace = check_namespace(namespace)
         self.prompt_len = int(tokens.size)
-        self._buf = np.empty(self.prompt_len + params.max_new_tokens, dtype=TOKEN_DTYPE)
+        # Room for a few outputs; append_token doubles it as needed, so a huge
+        # max_new_tokens costs nothing until the tokens exist (and validation comes first).
+        self._buf = np.empty(self.prompt_len + min(params.max_new_tokens, 16), dtype=TOKEN_DTYPE)
         self._buf[: self.prompt_len] = tokens
         self._len = self.prompt_len
         self.status = RequestStatus.WAITING
@@ -154,6 +180,10 @@ class Request:
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.admitted = False
+        self.logprobs: list[float] = []
+        """Log-probability of each output token under the distribution it was picked from."""
+        self.error: str | None = None
+        """Why the request ended with ``FinishReason.ERROR``."""
 
     # ----------------------------------------------------------- tokens
     @property
@@ -187,8 +217,13 @@ class Request:
 
     def append_token(self, token: int) -> None:
         """Add a sampled token; sets ``finish_reason`` when it ends the request."""
-        if self._len >= self._buf.size:
+        if self.num_output_tokens >= self.params.max_new_tokens:
             raise RuntimeError(f"request {self.request_id} is already at max_new_tokens")
+        if self._len == self._buf.size:
+            cap = min(2 * self._buf.size, self.prompt_len + self.params.max_new_tokens)
+            buf = np.empty(cap, dtype=TOKEN_DTYPE)
+            buf[: self._len] = self._buf[: self._len]
+            self._buf = buf
         self._buf[self._len] = token
         self._len += 1
         if token in self.params.stop_token_ids:

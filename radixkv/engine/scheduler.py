@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.protocol import PrefixCache
 from radixkv.engine.kv_manager import KVCacheManager
-from radixkv.engine.request import Request, RequestStatus
+from radixkv.engine.request import FinishReason, Request, RequestStatus
 
 __all__ = [
     "ADMISSION_POLICIES",
@@ -140,6 +140,7 @@ class Scheduler:
         self.block_size = kv_manager.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is preempted first
+        self._unfinished: dict[int, Request] = {}  # waiting and running, by id
         self.num_preemptions = 0
         self.num_evicted_blocks = 0
 
@@ -160,6 +161,37 @@ class Scheduler:
         """
         self.validate(request)
         self.waiting.append(request)
+        self._unfinished[request.request_id] = request
+
+    def get(self, request_id: int) -> Request | None:
+        """The waiting or running request with this id; None if unknown or finished."""
+        return self._unfinished.get(request_id)
+
+    def finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        """End a waiting or running ``request`` now (an abort, a failed step).
+
+        A running request's blocks go back to the pool; for any reason but
+        ``ERROR`` its computed full blocks are offered to the cache first (after
+        a failure nothing it holds is trusted). Sets ``finish_reason``,
+        ``error`` and ``finish_time``. ``ValueError`` if ``request`` is not
+        waiting or running here, before any change. Complexity: O(queue length)
+        to unlink it, plus the manager's ``free``.
+        """
+        if self._unfinished.get(request.request_id) is not request:
+            raise ValueError(f"request {request.request_id} is not waiting or running here")
+        if request.status is RequestStatus.RUNNING:
+            computed = request.tokens[: request.num_computed_tokens]
+            self.kv_manager.free(
+                request.request_id, None if reason is FinishReason.ERROR else computed
+            )
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        del self._unfinished[request.request_id]
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.error = error
+        request.finish_time = self.clock()
 
     def validate(self, request: Request) -> None:
         """``ValueError`` if ``request`` was scheduled before or could never fit the pool."""
@@ -319,6 +351,7 @@ class Scheduler:
                 req.status = RequestStatus.FINISHED
                 req.finish_time = now
                 self.running.remove(req)
+                del self._unfinished[req.request_id]
                 finished.append(req)
         return finished
 
@@ -348,4 +381,8 @@ class Scheduler:
             raise AssertionError("more requests run than max_num_seqs")
         if kv.num_requests != len(self.running):
             raise AssertionError(f"kv holds {kv.num_requests} requests, {len(self.running)} run")
+        if len(self._unfinished) != len(self.running) + len(self.waiting) or any(
+            self._unfinished.get(r.request_id) is not r for r in (*self.running, *self.waiting)
+        ):
+            raise AssertionError("the id index does not match the waiting and running queues")
         kv.check()
