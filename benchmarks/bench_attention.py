@@ -12,7 +12,11 @@ reported as a ratio to it, measured round-robin in the same run.
 
     python benchmarks/bench_attention.py            # full: ~20 min on a busy 2-core box
     python benchmarks/bench_attention.py --quick    # ~1-2 min
-    python benchmarks/bench_attention.py --device cuda  # on a GPU (CSV: attention_cuda.csv)
+    python benchmarks/bench_attention.py --device cuda  # on a GPU
+    python benchmarks/bench_attention.py --quick --out benchmarks/results/attention_quick.csv
+
+The table always prints; a CSV is written only with ``--out`` (the tracked results
+are ``benchmarks/results/attention[_cuda][_quick].csv``).
 
 On CUDA each timing synchronizes the device before reading the clock.
 """
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import Step, write_csv
+from bench_common import Step, save_rows
 
 from radixkv.model import Decoder, ModelConfig, random_model
 from radixkv.model.attention import ATTENTION_BACKENDS, AttentionMetadata, paged_attention
@@ -117,13 +121,8 @@ def main() -> None:
     ap.add_argument(
         "--no-forward", action="store_true", help="skip the whole-model forward timings"
     )
-    ap.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
     args = ap.parse_args()
-    if args.out is None:
-        kind = torch.device(args.device).type
-        parts = ["attention"] + ([kind] if kind != "cpu" else [])
-        parts += ["quick"] if args.quick else []
-        args.out = Path(__file__).parent / "results" / f"{'_'.join(parts)}.csv"
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     repeats = args.repeats or (3 if args.quick else 7)
@@ -195,7 +194,9 @@ def main() -> None:
             f"{r['scenario']:34s} {r['measure']:9s} {r['backend']:7s} {r['median_ms']:8.1f} "
             f"{spread:>15s} {r['vs_loop']:7.2f}"
         )
-    write_csv(rows, args.out)
+    kind = device.type
+    parts = ["attention"] + ([kind] if kind != "cpu" else []) + (["quick"] if args.quick else [])
+    save_rows(rows, args.out, f"{'_'.join(parts)}.csv")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,19 @@ if TYPE_CHECKING:  # the torch-free benchmarks import this module too
     from radixkv.model import ForwardBatch, KVPool
 
 
+def save_rows(rows: list[dict], out: Path | None, tracked_name: str) -> None:
+    """Write ``rows`` to ``out`` when the run was given ``--out``; else only say how.
+
+    Benchmarks never write by default: the CSVs under ``benchmarks/results/`` are
+    tracked, so a run records its numbers only when asked (``tracked_name`` is the
+    file there that this kind of run reproduces).
+    """
+    if out is None:
+        print(f"(no CSV written: --out benchmarks/results/{tracked_name} records this run)")
+    else:
+        write_csv(rows, out)
+
+
 def write_csv(rows: list[dict], path: Path) -> None:
     """Write ``rows`` to ``path`` (folders made as needed); columns in order of first appearance."""
     names = list(dict.fromkeys(k for row in rows for k in row))

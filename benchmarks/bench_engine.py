@@ -26,8 +26,10 @@ model 1,024): a cache-off pass over 32 users at 1,024 tokens takes ~15 min alone
 ``--device`` picks where the model and the KV pool live (default: ``cuda`` when a
 GPU is visible, else the CPU); ``--dtype`` the compute and pool dtype.
 
-Writes ``benchmarks/results/bench_engine_<model>[_<attention>][_<device>][_<dtype>][_quick].csv``
-(the device's preferred attention, the CPU and float32 leave their part out).
+The table always prints; ``--out PATH`` also writes it as CSV. The tracked results are
+``benchmarks/results/bench_engine_<model>[_<attention>][_<device>][_<dtype>][_quick].csv``
+(the device's preferred attention, the CPU and float32 leave their part out), e.g.
+``--out benchmarks/results/bench_engine_random.csv`` for the full random-model run.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import write_csv
+from bench_common import save_rows
 
 from radixkv.engine import Engine, EngineConfig, EngineStats
 from radixkv.engine.request import SamplingParams
@@ -51,8 +53,6 @@ from radixkv.model import (
 )
 from radixkv.model.kvpool import default_device
 from radixkv.workloads import ChatWorkload, IdealPrefill
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -177,6 +177,7 @@ def main() -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if visible)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device) if args.device else default_device()
@@ -307,7 +308,7 @@ def main() -> int:
     parts += [device.type] if device.type != "cpu" else []
     parts += [args.dtype] if args.dtype != "float32" else []
     parts += ["quick"] if q else []
-    write_csv(rows, RESULTS / f"bench_engine_{'_'.join(parts)}.csv")
+    save_rows(rows, args.out, f"bench_engine_{'_'.join(parts)}.csv")
     return 0
 
 

@@ -18,6 +18,7 @@ ratio to the baseline measured in the same run.
 
     python benchmarks/bench_gather.py            # SmolLM2-135M shape, 30 layers
     python benchmarks/bench_gather.py --quick
+    python benchmarks/bench_gather.py --out benchmarks/results/gather.csv   # record the run
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import Step, write_csv
+from bench_common import Step, save_rows
 
 from radixkv.model import Decoder, ModelConfig, random_model
 from radixkv.model.gather import GatherWorkspace, gather_kv  # the engine's own gather
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=None, help="default 9 (quick: 3)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
     args = ap.parse_args()
     torch.set_num_threads(1)
     layers = args.layers or (8 if args.quick else 30)
@@ -166,8 +168,7 @@ def main() -> None:
             f"{r['measure']:8s} {r['way']:9s} {r['median_ms']:10.1f} {spread:>13s} "
             f"{r['vs_baseline']:8.2f}"
         )
-    out = Path(__file__).parent / "results" / f"gather{'_quick' if args.quick else ''}.csv"
-    write_csv(rows, out)
+    save_rows(rows, args.out, f"gather{'_quick' if args.quick else ''}.csv")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,12 @@ per request: ``match(prompt)``, allocate the uncached blocks, ``insert``,
 Both structures run in the same process on the same requests; the radix
 tree is the baseline the hash map is compared with (docs/granularity.md).
 
-    python benchmarks/bench_granularity.py --img docs/img   # full, ~8 min: CSVs + doc plots
+    python benchmarks/bench_granularity.py --img docs/img   # full, ~8 min: tables + doc plots
     python benchmarks/bench_granularity.py --quick          # 1/4 size, one pass, ~1 min
+    python benchmarks/bench_granularity.py --out benchmarks/results/granularity.csv --img docs/img
+
+``--out X.csv`` writes the study to ``X.csv`` and the length sweep to
+``X_length.csv``; without it nothing is written but the plots ``--img`` asks for.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-from bench_common import write_csv
+from bench_common import save_rows
 from granularity_workloads import WORKLOADS, ideal_hit_tokens
 
 from radixkv import BlockAllocator
@@ -40,7 +44,6 @@ from radixkv.cache.protocol import PrefixCache
 from radixkv.cache.radix import RadixCache
 
 CACHES = ("radix", "hash")
-ROOT = Path(__file__).resolve().parent
 
 
 def make_cache(kind: str, alloc: BlockAllocator, hash_fn: str = "sha256") -> PrefixCache:
@@ -275,19 +278,21 @@ def main() -> None:
     ap.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 4096, 16384, 65536])
     ap.add_argument("--sweep-n", type=int, default=20, help="prompts per length in the sweep")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="write the study CSV here (and <stem>_length.csv)"
+    )
     ap.add_argument("--img", type=Path, default=None, help="write PNG plots here (docs/img)")
     args = ap.parse_args()
     if args.quick:
         args.scale, args.repeats, args.lengths, args.sweep_n = 0.25, 1, [256, 2048, 16384], 5
-    if args.out is None:
-        name = "granularity_quick.csv" if args.quick else "granularity.csv"
-        args.out = ROOT / "results" / name
+    stem = "granularity_quick" if args.quick else "granularity"
     rows = study(args)
-    write_csv(rows, args.out)
+    save_rows(rows, args.out, f"{stem}.csv")
     print("length sweep (us per request):", flush=True)
     sweep = length_sweep(args)
-    write_csv(sweep, args.out.with_name(args.out.stem + "_length.csv"))
+    save_rows(
+        sweep, args.out and args.out.with_name(f"{args.out.stem}_length.csv"), f"{stem}_length.csv"
+    )
     if args.img is not None:
         plot(rows, sweep, args.img)
 

@@ -18,6 +18,7 @@ not here): ~0.62 us/block hit, ~1.5 us/block miss, sha256 ~11M tokens/s.
 
     python benchmarks/bench_hashcache.py            # ~1 minute
     python benchmarks/bench_hashcache.py --quick    # a few seconds
+    python benchmarks/bench_hashcache.py --out benchmarks/results/bench_hashcache.csv
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from bench_common import write_csv
+from bench_common import save_rows
 
 from radixkv import BlockAllocator
 from radixkv.cache.block_hash import BlockHasher
@@ -113,11 +114,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
     args = ap.parse_args()
-    if args.out is None:
-        name = "bench_hashcache_quick.csv" if args.quick else "bench_hashcache.csv"
-        args.out = Path(__file__).parent / "results" / name
     if args.quick:
         args.prompts, args.repeats = 30, 3
     bs = args.block_size
@@ -173,7 +171,7 @@ def main() -> None:
             f"{r['path']:6} {r['cache']:13} {r['median']:9.3f} {r['min']:9.3f} {r['max']:9.3f}"
             f"  {r['unit']:10} {ratio:>10}  {r['vllm_0.33_reference']}"
         )
-    write_csv(rows, args.out)
+    save_rows(rows, args.out, "bench_hashcache_quick.csv" if args.quick else "bench_hashcache.csv")
 
 
 if __name__ == "__main__":

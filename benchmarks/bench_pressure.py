@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import write_csv
+from bench_common import save_rows
 
 from radixkv import BlockAllocator, RadixCache
 from radixkv.engine.kv_manager import KVCacheManager
@@ -129,8 +129,7 @@ def main() -> None:
                 ),
             }
         )
-    if args.out is not None:
-        write_csv(rows, args.out)
+    save_rows(rows, args.out, "pressure.csv")
 
 
 if __name__ == "__main__":

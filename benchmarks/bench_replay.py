@@ -5,7 +5,7 @@ distinct hash ids), block size 512, capacities 1024, 4096 and 16384 blocks, poli
 LFU and S3FIFO (ratio 0.1, max_freq 3). Both sides start from a loaded trace and produce
 the same outputs: per-request hit lengths and hit tokens, block hits, the final resident
 set and the unreachable-block count (checked equal in every run). The fast side is the
-public ``replay()``; the plain side is ``tests/replay_reference.py``.
+public ``replay()``; the plain side is ``radixkv.replay.reference`` (the tests' oracles).
 
 Each measurement is the median of --repeats whole replays after one warm-up (the fast
 side takes 5x as many, being cheap), with the spread as min..max; throughput is block
@@ -20,6 +20,10 @@ The radix policies are timed once each, for reference (their engine is RadixCach
 
     python benchmarks/bench_replay.py            # full run (about a minute)
     python benchmarks/bench_replay.py --quick    # capacity 4096 only, fewer repeats
+    python benchmarks/bench_replay.py --out benchmarks/results/bench_replay.csv  # record it
+
+The trace is ``../shared/data/traces/conversation_trace.jsonl`` beside the checkout, or
+in the folder ``$RADIXKV_TRACES`` names, or ``--trace``.
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_common import write_csv
+from bench_common import save_rows
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-TRACE = ROOT.parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"
+TRACES = Path(os.environ.get("RADIXKV_TRACES") or ROOT.parent / "shared" / "data" / "traces")
+TRACE = TRACES / "conversation_trace.jsonl"
 FLAT = ("lru", "lfu", "s3fifo")
 
 
@@ -50,10 +54,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="capacity 4096, 3 repeats")
     p.add_argument("--no-radix", action="store_true", help="skip the radix policies")
     p.add_argument("--cold-jit", action="store_true", help="compile kernels from scratch")
-    p.add_argument("--out", type=Path, default=None, help="CSV path (default under results/)")
+    p.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
     args = p.parse_args()
-    if args.out is None:
-        args.out = RESULTS / ("bench_replay_quick.csv" if args.quick else "bench_replay.csv")
     if args.quick:
         args.capacities, args.repeats = [4096], 3
     return args
@@ -76,11 +78,9 @@ def main() -> int:
     args = parse_args()
     if args.cold_jit:
         os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixkv-numba-")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from replay_reference import reference_replay, unreachable_reference
-
     from radixkv.replay import load_trace, replay
     from radixkv.replay import policies_fast as pf
+    from radixkv.replay.reference import reference_replay, unreachable_reference
 
     trace = load_trace(args.trace)
     seqs = [r.hash_ids for r in trace]
@@ -207,7 +207,7 @@ def main() -> int:
                 )
     worst = min(r["core_speedup"] for r in rows if "core_speedup" in r)
     print(f"slowest flat speedup against the plain policy loop alone: {worst:.1f}x (target >= 20x)")
-    write_csv(rows, args.out)
+    save_rows(rows, args.out, "bench_replay_quick.csv" if args.quick else "bench_replay.csv")
     return 0
 
 

@@ -16,6 +16,7 @@ form); list inputs add a conversion cost, reported in the `list input` rows.
 
     python benchmarks/bench_tree.py            # full run (several minutes)
     python benchmarks/bench_tree.py --quick    # smaller, for a smoke check
+    python benchmarks/bench_tree.py --out benchmarks/results/bench_tree.csv   # record the run
 """
 
 from __future__ import annotations
@@ -32,12 +33,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_common import write_csv  # noqa: E402
+from bench_common import save_rows  # noqa: E402
 from naive_trie import NaiveTrie  # noqa: E402
 
 from radixkv import BlockAllocator, RadixCache  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def chat_workload(
@@ -304,6 +303,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller workloads, fewer repeats")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--no-naive", action="store_true", help="skip the naive trie floor")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
     args = ap.parse_args()
     repeats = args.repeats or (3 if args.quick else 7)
     rng = np.random.default_rng(0)
@@ -316,7 +316,7 @@ def main() -> None:
         rows += bench_match_insert("long", long, bs, repeats, not args.no_naive)
         rows += bench_evict(sizes, bs, max(1, repeats // 2), 0 if args.no_naive else sizes[0])
     print_table(rows)
-    write_csv(rows, RESULTS / ("bench_tree_quick.csv" if args.quick else "bench_tree.csv"))
+    save_rows(rows, args.out, "bench_tree_quick.csv" if args.quick else "bench_tree.csv")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,16 @@ demo prints one conversation and a table of the prefill work and latency.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from radixkv.replay.cli_types import fail, int_in, nonneg_int, one_line_errors, positive_int
+
+PROG = "radixkv demo"
+_SEED_MAX = 2**63 - 1  # torch.manual_seed and numpy both take it
 
 SYSTEM_PROMPT = (
     "You are Ada, the support assistant of Northwind Outfitters, an online shop for hiking "
@@ -66,7 +72,9 @@ class _Chat:
         self, history: np.ndarray, reply: list[int], conv: int, turn: int, rng
     ) -> np.ndarray:
         if self.tokenizer is None:
-            return np.concatenate([history, reply, _random_tokens(rng, self.vocab_size, 8, 24)])
+            # int64 throughout: an empty reply list would otherwise make the result float64.
+            parts = [history, reply, _random_tokens(rng, self.vocab_size, 8, 24)]
+            return np.concatenate([np.asarray(x, dtype=np.int64) for x in parts])
         closed = "" if reply and reply[-1] in self.stop_ids else "<|im_end|>"
         text = f"{closed}\n<|im_start|>user\n{_question(conv, turn)}<|im_end|>\n"
         text += "<|im_start|>assistant\n"
@@ -119,6 +127,10 @@ def _load(args: argparse.Namespace):
     return random_model(cfg, seed=args.seed), chat, "random-weight decoder (4 layers, hidden 256)"
 
 
+class _PoolTooSmall(Exception):
+    """A turn's prompt cannot fit the KV pool that ``--num-blocks`` sized."""
+
+
 def _run(model, chat: _Chat, args: argparse.Namespace, cache: str | None, bar) -> tuple:
     """One pass of the whole workload; returns (per-turn completions, wall seconds, engine)."""
     from radixkv.engine import Engine, EngineConfig
@@ -140,7 +152,10 @@ def _run(model, chat: _Chat, args: argparse.Namespace, cache: str | None, bar) -
     turns = []
     start = time.perf_counter()
     for turn in range(args.turns):
-        outs = engine.generate(prompts, params, progress=bar)
+        try:
+            outs = engine.generate(prompts, params, progress=bar)
+        except ValueError as exc:  # generate checks every prompt fits the pool before running
+            raise _PoolTooSmall(str(exc)) from None
         turns.append(outs)
         if turn + 1 < args.turns:
             prompts = [
@@ -153,6 +168,13 @@ def _run(model, chat: _Chat, args: argparse.Namespace, cache: str | None, bar) -
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Run the workload with the cache off, then on; print a conversation and a table.
+
+    Returns 0 when the greedy outputs agree, 1 when they differ; 2 (one line on
+    stderr) when the engine extra is missing or a prompt cannot fit the pool.
+    """
+    if importlib.util.find_spec("torch") is None:
+        return fail(PROG, "needs torch: pip install 'radixkv[engine]'")
     import torch
     from tqdm.auto import tqdm
 
@@ -178,8 +200,11 @@ def run_demo(args: argparse.Namespace) -> int:
     total = args.conversations * args.turns
     for cache in (None, "radix"):
         label = "cache off" if cache is None else "radix cache"
-        with tqdm(total=total, desc=label, unit="req") as bar:
-            turns, wall, engine = _run(model, chat, args, cache, bar)
+        try:
+            with tqdm(total=total, desc=label, unit="req") as bar:
+                turns, wall, engine = _run(model, chat, args, cache, bar)
+        except _PoolTooSmall as exc:
+            return fail(PROG, f"{exc}: raise --num-blocks or lower --max-new-tokens/--turns")
         stats = EngineStats.of([o.stats for t in turns for o in t], wall)
         results[cache] = turns
         rows.append((label, stats, engine.scheduler.num_preemptions))
@@ -223,19 +248,26 @@ def _print_table(rows: list[tuple]) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``demo`` subcommand. Every numeric flag is checked while parsing, before any
+    model loads; a bad value exits 2 with one line naming the flag."""
     p = subparsers.add_parser(
         "demo",
         help="multi-turn chats with a shared system prompt, cache off vs on",
         description="Multi-turn chats sharing a system prompt, served with the cache off and on.",
     )
-    p.add_argument("--conversations", type=int, default=4, help="concurrent conversations")
-    p.add_argument("--turns", type=int, default=2, help="turns per conversation")
-    p.add_argument("--max-new-tokens", type=int, default=24, help="reply length cap")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-blocks", type=int, default=256, help="KV pool blocks")
-    p.add_argument("--budget", type=int, default=512, help="tokens per engine step")
+    one_line_errors(p)
+    p.add_argument(
+        "--conversations", type=positive_int, default=4, help="concurrent conversations (>= 1)"
+    )
+    p.add_argument("--turns", type=positive_int, default=2, help="turns per conversation (>= 1)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=24, help="reply length cap")
+    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block")
+    p.add_argument("--num-blocks", type=positive_int, default=256, help="KV pool blocks")
+    p.add_argument("--budget", type=positive_int, default=512, help="tokens per engine step")
     p.add_argument("--policy", choices=("fcfs", "lpm"), default="fcfs")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument(
+        "--threads", type=nonneg_int, default=0, help="torch CPU threads (0: torch's default)"
+    )
     p.add_argument("--random-model", action="store_true", help="skip SmolLM2 even if installed")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_in(0, _SEED_MAX), default=0)
     p.set_defaults(func=run_demo)

@@ -15,18 +15,20 @@ from replay_reference import (
     check_sanity,
     hits,
     lfu_bruteforce,
-    lfu_reference,
-    orphan_reference,
     random_requests,
-    reference_replay,
     reqs,
     run,
-    unreachable_reference,
 )
 from trace_paths import TRACES
 
 from radixkv.replay import FLAT_POLICIES, ReplayConfig, Trace, load_trace, replay
 from radixkv.replay import policies_fast as pf
+from radixkv.replay.reference import (
+    lfu_reference,
+    orphan_reference,
+    reference_replay,
+    unreachable_reference,
+)
 
 A, B, C, D, E, X, Y = 1, 2, 3, 4, 5, 6, 7
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 import pytest
-from replay_reference import lru_reference, prefix_len
 from trace_paths import TRACES
 
 from radixkv.replay import load_trace, replay
+from radixkv.replay.reference import lru_reference, prefix_len
 
 S3FIFO_MISTAKES = (
     "lru_instead_of_s3fifo",

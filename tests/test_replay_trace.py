@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from trace_paths import TRACES
 
-from radixkv.replay import Trace, TraceError, TraceRequest, load_trace, replay
+from radixkv.replay import Trace, TraceError, TraceLengthError, TraceRequest, load_trace, replay
 
 GOOD = {"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [7, 9]}
 
@@ -27,7 +28,7 @@ def test_dense_ids_in_order_of_first_appearance(tmp_path):
         json.dumps({**GOOD, "timestamp": 3, "hash_ids": [5, -2, 2**70]}),
         json.dumps({**GOOD, "hash_ids": []}),
     ]
-    trace = load_trace(write_lines(tmp_path, lines))
+    trace = load_trace(write_lines(tmp_path, lines), block_size=None)  # lengths unchecked
     assert trace.ids.tolist() == [0, 1, 0, 1, 2, 3]
     assert trace.offsets.tolist() == [0, 3, 6, 6]
     assert trace.hash_values == [100, 5, -2, 2**70]
@@ -51,10 +52,13 @@ def test_from_requests_round_trips_and_slices():
 
 
 def test_real_traces_match_their_readme():
+    # Loading checks Mooncake's length rule at 512 on every line (issue 11, item 18).
     conv = load_trace(TRACES / "conversation_trace.jsonl")
     assert (conv.num_requests, conv.num_accesses, conv.num_ids) == (12031, 288500, 182790)
     syn = load_trace(TRACES / "synthetic_trace.jsonl")
     assert (syn.num_requests, syn.num_accesses, syn.num_ids) == (3993, 121877, 43924)
+    for trace in (conv, syn):
+        assert (np.diff(trace.offsets) == -(-trace.input_lengths // 512)).all()
     first = json.loads((TRACES / "conversation_trace.jsonl").open().readline())
     assert conv[0] == TraceRequest(
         first["timestamp"], first["input_length"], first["output_length"], tuple(first["hash_ids"])
@@ -128,3 +132,45 @@ def test_empty_trace(tmp_path):
         "orphan_blocks": 0,
         "per_request": [],
     }
+
+
+# ---------------------------------------------------------------- issue 11, item 18
+@pytest.mark.parametrize(
+    ("input_length", "num_ids", "block_size"),
+    [(10, 8, 512), (700, 1, 512), (1024, 3, 512), (0, 1, 512), (1, 0, 512), (900, 2, 400)],
+)
+def test_hash_ids_must_cover_input_length(tmp_path, input_length, num_ids, block_size):
+    """Mooncake's rule: len(hash_ids) == ceil(input_length / block_size), else file:line."""
+    bad = {**GOOD, "input_length": input_length, "hash_ids": list(range(num_ids))}
+    path = write_lines(tmp_path, [json.dumps(GOOD), json.dumps(bad)])
+    need = -(-input_length // block_size)
+    with pytest.raises(TraceLengthError) as info:
+        load_trace(path, block_size)
+    assert isinstance(info.value, (TraceError, ValueError))
+    assert str(info.value) == (
+        f"{path}:2: {num_ids} hash_ids, but input_length {input_length} at block size "
+        f"{block_size} needs ceil({input_length} / {block_size}) = {need}"
+    )
+    assert load_trace(path, block_size=None)[1].hash_ids == tuple(range(num_ids))
+
+
+def test_lengths_that_follow_the_rule_load(tmp_path):
+    lines = [
+        json.dumps({**GOOD, "input_length": n, "hash_ids": list(range(k))})
+        for n, k in [(0, 0), (1, 1), (512, 1), (513, 2), (1024, 2), (1025, 3)]
+    ]
+    assert len(load_trace(write_lines(tmp_path, lines))) == 6
+
+
+@pytest.mark.parametrize("block_size", [0, -1, 1.5, True, "512"])
+def test_bad_block_size_is_a_value_error_before_reading(block_size):
+    with pytest.raises(ValueError, match="block_size must be a positive int or None"):
+        load_trace("/nonexistent/trace.jsonl", block_size)
+
+
+def test_load_trace_reads_a_binary_stream():
+    data = (json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "hash_ids": [9, 8]}) + "\n").encode()
+    trace = load_trace(io.BytesIO(data))
+    assert [r.hash_ids for r in trace] == [(7, 9), (9, 8)] and trace.source == "<stream>"
+    with pytest.raises(TraceError, match=r"^<stream>:2: invalid JSON"):
+        load_trace(io.BytesIO(b"\n{"))

@@ -12,7 +12,7 @@ No torch import: replay runs on numpy arrays and numba kernels.
 
 from radixkv.replay.config import FLAT_POLICIES, RADIX_POLICIES, REPLAY_POLICIES, ReplayConfig
 from radixkv.replay.replay import ReplayResult, replay
-from radixkv.replay.trace import Trace, TraceError, TraceRequest, load_trace
+from radixkv.replay.trace import Trace, TraceError, TraceLengthError, TraceRequest, load_trace
 
 __all__ = [
     "FLAT_POLICIES",
@@ -22,6 +22,7 @@ __all__ = [
     "ReplayResult",
     "Trace",
     "TraceError",
+    "TraceLengthError",
     "TraceRequest",
     "load_trace",
     "replay",

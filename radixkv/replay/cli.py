@@ -1,7 +1,9 @@
 """``radixkv replay`` and ``radixkv sweep``: the trace replayer on the command line.
 
-Bad input (an unreadable or malformed trace, a bad parameter) exits with code 2
-and one line on stderr; results go to stdout.
+Bad input (an unreadable, empty or malformed trace, a bad parameter or output
+path) exits with code 2 and one line on stderr, before any replay runs; results
+go to stdout. A trace path of ``-`` reads the trace from stdin (into memory, so
+a sweep replays it as often as it needs).
 """
 
 from __future__ import annotations
@@ -10,65 +12,78 @@ import argparse
 import json
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import TypeVar
 
-from radixkv.replay.config import REPLAY_POLICIES, ReplayConfig
+from radixkv.replay.cli_types import fail, int_in, one_line_errors, open_unit_float
+from radixkv.replay.config import _MAX_BLOCK_SIZE, _MAX_CAPACITY, REPLAY_POLICIES, ReplayConfig
 from radixkv.replay.replay import replay
 from radixkv.replay.sweep import can_plot, ceiling_row, plot_sweep, run_sweep, write_csv
-from radixkv.replay.trace import Trace, TraceError, load_trace
+from radixkv.replay.trace import (
+    MOONCAKE_BLOCK_SIZE,
+    Trace,
+    TraceError,
+    TraceLengthError,
+    load_trace,
+)
 
 __all__ = ["register", "run_replay", "run_sweep_command"]
 
-EXIT_BAD_INPUT = 2
 DEFAULT_CAPACITIES = (256, 1024, 4096, 16384, 65536)
+STDIN = "-"
 _PLOT_EXTRA = "pip install 'radixkv[plot]'"
 
-
-def _fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+_capacity = int_in(1, _MAX_CAPACITY)
+_T = TypeVar("_T")
 
 
-def _one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Make argparse usage errors one line on stderr (exit code 2, as argparse's own)."""
+def _load(prog: str, path: str, args: argparse.Namespace) -> Trace | int:
+    """The trace at ``path`` (``-``: stdin), or the exit code after a one-line error.
 
-    def error(message: str) -> NoReturn:
-        _fail(parser.prog, message)
-        sys.exit(EXIT_BAD_INPUT)
-
-    parser.error = error  # type: ignore[method-assign]
-
-    # Unknown options would otherwise travel up to the top-level parser, whose error
-    # prints the usage too; reject them here, in one line.
-    parse_known_args = parser.parse_known_args
-
-    def parse_strict(
-        args: list[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        namespace, extras = parse_known_args(args, namespace)
-        if extras:
-            error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
-
-    parser.parse_known_args = parse_strict  # type: ignore[method-assign]
-
-
-def _load(prog: str, path: str) -> Trace | int:
+    An empty trace is an error: a wrong path (``/dev/null``, an empty file) must not
+    look like a result.
+    """
+    block_size = None if args.no_check_lengths else args.block_size
     try:
-        return load_trace(path)
+        if path == STDIN:
+            trace = load_trace(sys.stdin.buffer, block_size)
+        else:
+            trace = load_trace(path, block_size)
+    except TraceLengthError as exc:
+        return fail(prog, f"{exc} (--block-size sets the block size; --no-check-lengths skips)")
     except TraceError as exc:
-        return _fail(prog, str(exc))
+        return fail(prog, str(exc))
     except OSError as exc:
-        return _fail(prog, f"cannot read trace {path}: {exc.strerror or exc}")
+        return fail(prog, f"cannot read trace {path}: {exc.strerror or exc}")
+    if trace.num_requests == 0:
+        return fail(prog, f"trace {trace.source} has no requests")
+    return trace
 
 
 def _add_policy_params(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--block-size", type=int, default=512, help="tokens per block (default 512)")
     p.add_argument(
-        "--small-ratio", type=float, default=0.1, help="S3FIFO small-queue share (default 0.1)"
+        "--block-size",
+        type=int_in(1, _MAX_BLOCK_SIZE),
+        default=MOONCAKE_BLOCK_SIZE,
+        help=f"tokens per block, i.e. per hash id (default {MOONCAKE_BLOCK_SIZE}, Mooncake's)",
     )
     p.add_argument(
-        "--max-freq", type=int, default=3, help="S3FIFO saturating frequency cap (default 3)"
+        "--small-ratio",
+        type=open_unit_float,
+        default=0.1,
+        help="S3FIFO small-queue share, in (0, 1) (default 0.1)",
+    )
+    p.add_argument(
+        "--max-freq",
+        type=int_in(0, 2**62),
+        default=3,
+        help="S3FIFO saturating frequency cap, >= 0 (default 3)",
+    )
+    p.add_argument(
+        "--no-check-lengths",
+        action="store_true",
+        help="accept lines where len(hash_ids) != ceil(input_length / block size) "
+        "(Mooncake's rule, checked by default), for traces in other formats",
     )
 
 
@@ -78,8 +93,8 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         ReplayConfig(args.policy, args.capacity, args.block_size, args.small_ratio, args.max_freq)
     except (TypeError, ValueError) as exc:
-        return _fail(prog, str(exc))
-    trace = _load(prog, args.trace)
+        return fail(prog, str(exc))
+    trace = _load(prog, args.trace, args)
     if isinstance(trace, int):
         return trace
     result = replay(
@@ -89,7 +104,9 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _split_list(values: list[str], kind: type, name: str) -> list:
+def _split_list(values: list[str], parse: Callable[[str], _T], flag: str) -> list[_T]:
+    """Space- and comma-separated ``values``, each through ``parse``; ``ValueError`` naming
+    ``flag`` and the bad part."""
     out = []
     for value in values:
         for part in value.split(","):
@@ -97,38 +114,67 @@ def _split_list(values: list[str], kind: type, name: str) -> list:
             if not part:
                 continue
             try:
-                out.append(kind(part))
-            except ValueError:
-                raise ValueError(f"{name}: not a valid {kind.__name__}: {part!r}") from None
+                out.append(parse(part))
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                raise ValueError(f"{flag}: {exc}") from None
     if not out:
-        raise ValueError(f"{name}: give at least one value")
+        raise ValueError(f"{flag}: give at least one value")
     return out
+
+
+def _policy(text: str) -> str:
+    if text not in REPLAY_POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(REPLAY_POLICIES)}, got {text!r}")
+    return text
+
+
+def _output_problem(flag: str, path: str, suffix: str) -> str | None:
+    """Why ``path`` cannot take ``flag``'s output (a ``suffix`` file), or None if it can."""
+    if not path.lower().endswith(suffix):
+        return f"{flag}: the file name must end in {suffix}, got {path!r}"
+    if os.path.isdir(path):
+        return f"{flag}: {path!r} is a directory"
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        return f"{flag}: directory {parent!r} does not exist (for {path!r})"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag}: directory {parent!r} is not writable (for {path!r})"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"{flag}: {path!r} is not writable"
+    return None
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Replay one trace for every policy x capacity; write a CSV and a PNG; print a table.
 
-    Without matplotlib (the ``plot`` extra) the PNG is skipped with a note, unless
-    ``--png`` asks for one: that is bad input (exit 2, nothing run).
+    Everything is checked before the trace is read: the parameters, and the output
+    paths (``--csv`` must end in .csv, ``--png`` in .png, in existing writable
+    directories). Without matplotlib (the ``plot`` extra) the PNG is skipped with a
+    note, unless ``--png`` asks for one: that is bad input (exit 2, nothing run).
     """
     prog = "radixkv sweep"
     try:
-        policies = _split_list(args.policies, str, "--policies")
-        capacities = _split_list(args.capacities, int, "--capacities")
+        policies = _split_list(args.policies, _policy, "--policies")
+        capacities = _split_list(args.capacities, _capacity, "--capacities")
         for p in policies:
             for c in capacities:
                 ReplayConfig(p, c, args.block_size, args.small_ratio, args.max_freq)
     except (TypeError, ValueError) as exc:
-        return _fail(prog, str(exc))
+        return fail(prog, str(exc))
     plot = can_plot()
     if args.png and not plot:
-        return _fail(prog, f"--png needs matplotlib: {_PLOT_EXTRA}")
-    trace = _load(prog, args.trace)
-    if isinstance(trace, int):
-        return trace
-    stem = os.path.splitext(os.path.basename(args.trace))[0]
+        return fail(prog, f"--png needs matplotlib: {_PLOT_EXTRA}")
+    stem = "stdin" if args.trace == STDIN else os.path.splitext(os.path.basename(args.trace))[0]
     csv_path = args.csv or f"{stem}_sweep.csv"
     png_path = args.png or os.path.splitext(csv_path)[0] + ".png"
+    problem = _output_problem("--csv", csv_path, ".csv")
+    if problem is None and plot:
+        problem = _output_problem("--png", png_path, ".png")
+    if problem is not None:
+        return fail(prog, problem)
+    trace = _load(prog, args.trace, args)
+    if isinstance(trace, int):
+        return trace
     rows = run_sweep(
         trace,
         policies,
@@ -142,9 +188,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     try:
         write_csv([*rows, ceiling], csv_path)
         if plot:
-            plot_sweep(rows, ceiling, png_path, title=f"{os.path.basename(args.trace)}")
+            plot_sweep(rows, ceiling, png_path, title=os.path.basename(trace.source))
     except OSError as exc:
-        return _fail(prog, f"cannot write output: {exc}")
+        return fail(prog, f"cannot write output: {exc}")
     width = max(len(p) for p in [*policies, ceiling.policy])
     print(f"{'policy':<{width}} {'capacity':>9} {'hit_rate':>8} {'final':>7} {'unreach':>7}")
     for r in [*rows, ceiling]:
@@ -159,6 +205,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
+_TRACE_HELP = (
+    "JSONL trace (timestamp, input_length, output_length, hash_ids per line); - reads stdin"
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``replay`` and ``sweep`` subcommands (``func(args)`` returns the exit code)."""
     p = subparsers.add_parser(
@@ -167,10 +218,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Replay a JSONL hash_ids trace through one cache policy; print one JSON "
         "object on stdout.",
     )
-    _one_line_errors(p)
-    p.add_argument("trace", help="JSONL trace: timestamp, input_length, output_length, hash_ids")
+    one_line_errors(p)
+    p.add_argument("trace", help=_TRACE_HELP)
     p.add_argument("--policy", required=True, choices=REPLAY_POLICIES)
-    p.add_argument("--capacity", type=int, required=True, help="cache size in blocks")
+    p.add_argument("--capacity", type=_capacity, required=True, help="cache size in blocks, >= 1")
     _add_policy_params(p)
     p.add_argument(
         "--per-request",
@@ -186,8 +237,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "CSV and a PNG of token hit rate vs capacity (with the infinite-cache ceiling; the PNG "
         "needs matplotlib, the plot extra).",
     )
-    _one_line_errors(s)
-    s.add_argument("trace", help="JSONL trace")
+    one_line_errors(s)
+    s.add_argument("trace", help=_TRACE_HELP)
     s.add_argument(
         "--policies",
         nargs="+",
@@ -198,13 +249,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--capacities",
         nargs="+",
         default=[str(c) for c in DEFAULT_CAPACITIES],
-        help="capacities in blocks, space- or comma-separated (default: "
+        help="capacities in blocks (>= 1), space- or comma-separated (default: "
         f"{' '.join(map(str, DEFAULT_CAPACITIES))})",
     )
     _add_policy_params(s)
-    s.add_argument("--csv", help="CSV output path (default: <trace stem>_sweep.csv)")
     s.add_argument(
-        "--png", help="PNG output path (default: the CSV path with .png; needs matplotlib)"
+        "--csv",
+        help="CSV output path, ending in .csv (default: <trace stem>_sweep.csv; "
+        "stdin_sweep.csv for -)",
+    )
+    s.add_argument(
+        "--png",
+        help="PNG output path, ending in .png (default: the CSV path with .png; needs matplotlib)",
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=run_sweep_command)

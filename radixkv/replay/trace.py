@@ -4,6 +4,10 @@ One request a line: ``{"timestamp", "input_length", "output_length", "hash_ids"}
 ``hash_ids`` names the prompt's blocks in order; the ids are opaque names (any
 JSON integers). Loading remaps them to dense ids ``0..num_ids-1`` in order of
 first appearance, so replay kernels index plain arrays instead of hashing.
+
+Each id names one block of ``block_size`` tokens (512 in Mooncake's traces), so
+``load_trace`` checks Mooncake's rule ``len(hash_ids) == ceil(input_length /
+block_size)`` on every line unless told ``block_size=None``.
 """
 
 from __future__ import annotations
@@ -13,11 +17,20 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, BinaryIO, overload
 
 import numpy as np
 
-__all__ = ["Trace", "TraceError", "TraceRequest", "load_trace"]
+__all__ = [
+    "MOONCAKE_BLOCK_SIZE",
+    "Trace",
+    "TraceError",
+    "TraceLengthError",
+    "TraceRequest",
+    "load_trace",
+]
+
+MOONCAKE_BLOCK_SIZE = 512  # tokens per hash id in Mooncake's traces
 
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _INT64_MAX = 2**63 - 1
@@ -26,6 +39,10 @@ _DENSE_MAX = 2**31 - 1  # dense ids are int32
 
 class TraceError(ValueError):
     """A malformed trace: the message names the place (``file:line`` or ``request i``) and why."""
+
+
+class TraceLengthError(TraceError):
+    """A line whose ``hash_ids`` do not cover its ``input_length`` at the trace's block size."""
 
 
 @dataclass(frozen=True)
@@ -148,29 +165,50 @@ class Trace(Sequence[TraceRequest]):
         )
 
 
-def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read a JSONL trace, streaming line by line.
+def load_trace(
+    source: str | os.PathLike[str] | BinaryIO, block_size: int | None = MOONCAKE_BLOCK_SIZE
+) -> Trace:
+    """Read a JSONL trace from a path or a binary file object, streaming line by line.
 
     Blank lines are skipped. Each other line must be a JSON object with
     ``timestamp`` (a finite number), ``input_length`` and ``output_length``
-    (ints >= 0) and ``hash_ids`` (a list of ints); extra keys are ignored. On
-    the first bad line raises ``TraceError("FILE:LINE: problem")`` and returns
-    nothing (no partial trace). ``OSError`` if the file cannot be read.
+    (ints >= 0) and ``hash_ids`` (a list of ints); extra keys are ignored. With
+    a ``block_size`` (tokens per hash id; default 512, Mooncake's), each line
+    must also have ``len(hash_ids) == ceil(input_length / block_size)``
+    (``TraceLengthError`` otherwise); ``block_size=None`` skips that check, for
+    traces whose ids are not fixed-size blocks. On the first bad line raises
+    ``TraceError("FILE:LINE: problem")`` (a ``ValueError``) and returns nothing
+    (no partial trace). ``OSError`` if the file cannot be read.
+
+    A file object (e.g. ``sys.stdin.buffer``) is read to its end and not
+    closed; messages call it by its ``name`` (``<stdin>``), else ``<stream>``.
+    An empty source gives an empty trace. ``ValueError`` for a bad
+    ``block_size``, before reading anything.
 
     Complexity: O(file size); memory O(total hash ids).
     """
-    name = os.fspath(path)
-    builder = _Builder(name)
-    with open(name, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            where = f"{name}:{lineno}"
-            try:
-                obj = json.loads(raw, parse_constant=_reject_constant)
-            except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity
-                raise TraceError(f"{where}: invalid JSON: {exc}") from None
-            builder.add(obj, where)
+    if block_size is not None and (
+        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+    ):
+        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
+    if isinstance(source, (str, os.PathLike)):
+        name = os.fspath(source)
+        with open(name, "rb") as f:
+            return _parse(f, name, block_size)
+    return _parse(source, str(getattr(source, "name", "<stream>")), block_size)
+
+
+def _parse(f: Iterable[bytes], name: str, block_size: int | None) -> Trace:
+    builder = _Builder(name, block_size)
+    for lineno, raw in enumerate(f, start=1):
+        if not raw.strip():
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            obj = json.loads(raw, parse_constant=_reject_constant)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity
+            raise TraceError(f"{where}: invalid JSON: {exc}") from None
+        builder.add(obj, where)
     return builder.build()
 
 
@@ -181,8 +219,9 @@ def _reject_constant(name: str) -> float:
 class _Builder:
     """Accumulates validated requests; ``build`` makes the arrays. Nothing escapes on error."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, block_size: int | None = None) -> None:
         self.source = source
+        self.block_size = block_size
         self.dense: dict[int, int] = {}
         self.hash_values: list[int] = []
         self.ids: list[int] = []
@@ -222,6 +261,12 @@ class _Builder:
                 dense[h] = d
                 hash_values.append(h)
             row.append(d)
+        bs = self.block_size
+        if bs is not None and len(hash_ids) != -(-input_length // bs):
+            raise TraceLengthError(
+                f"{where}: {len(hash_ids)} hash_ids, but input_length {input_length} at block "
+                f"size {bs} needs ceil({input_length} / {bs}) = {-(-input_length // bs)}"
+            )
         self.ids.extend(row)
         self.offsets.append(len(self.ids))
         self.input_lengths.append(input_length)

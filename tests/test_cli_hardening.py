@@ -1,0 +1,263 @@
+"""The ``radixkv`` command line and the benchmark scripts against bad input (issue 11).
+
+Covers: a closed stdout pipe (item 19), every numeric flag of every subcommand
+rejected in argument parsing with one line naming the flag (item 21), ``--version``
+and plain-text help (item 22), and benchmarks that write tracked results only under
+``--out`` and import nothing from ``tests/`` (item 23). The replay-specific items
+(17, 18, 20, stdin) are in test_replay_cli.py and test_replay_trace.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import radixkv
+import radixkv.demo
+from radixkv.cli import EXIT_BROKEN_PIPE, build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+TESTS = Path(__file__).resolve().parent
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse: usage errors, --help, --version
+        return int(exc.code or 0)
+
+
+@pytest.fixture
+def tiny_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.jsonl"
+    rows = [{"timestamp": i, "input_length": 600, "output_length": 1, "hash_ids": [1, i]}
+            for i in range(3)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def no_demo_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``radixkv demo`` must fail in parsing: reaching the model would be a bug (and slow)."""
+
+    def never(args: argparse.Namespace) -> int:
+        raise AssertionError(f"radixkv demo ran with {args}")
+
+    monkeypatch.setattr(radixkv.demo, "run_demo", never)
+
+
+# ---------------------------------------------------------------- item 19: a closed pipe
+def test_closed_stdout_pipe_exits_quietly(tmp_path: Path) -> None:
+    """``radixkv replay ... --per-request | head -c 1``: exit 141, no traceback on stderr."""
+    path = tmp_path / "big.jsonl"
+    # ~5000 per-request entries: far more JSON than a pipe buffer holds.
+    rows = [{"timestamp": i, "input_length": 512, "output_length": 1, "hash_ids": [i % 7]}
+            for i in range(5000)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cmd = [sys.executable, "-m", "radixkv.cli", "replay", str(path)]
+    cmd += ["--policy", "lru", "--capacity", "4", "--per-request"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(1) == b"{"
+    proc.stdout.close()  # the reader leaves, as head does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err and err == ""
+
+
+# ---------------------------------------------------------------- item 21: numeric flags
+DEMO_BAD = [
+    (["--conversations", "0"], "argument --conversations: must be >= 1, got 0"),
+    (["--budget", "0"], "argument --budget: must be >= 1, got 0"),
+    (["--threads", "-1"], "argument --threads: must be >= 0, got -1"),
+    (["--turns", "0"], "argument --turns: must be >= 1, got 0"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
+    (["--block-size", "0"], "argument --block-size: must be >= 1, got 0"),
+    (["--num-blocks", "0"], "argument --num-blocks: must be >= 1, got 0"),
+    (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["--turns", "two"], "argument --turns: expected an integer, got 'two'"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), DEMO_BAD)
+def test_demo_bad_flags_fail_in_parsing(capsys, no_demo_run, args, message) -> None:
+    assert exit_code(["demo", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"radixkv demo: error: {message}\n"
+
+
+def test_demo_pool_too_small_is_a_one_line_error(capsys) -> None:
+    """A pool that cannot hold one prompt: caught at the first turn, no traceback."""
+    pytest.importorskip("torch")
+    argv = ["demo", "--random-model", "--num-blocks", "2", "--conversations", "1"]
+    assert exit_code([*argv, "--turns", "1", "--max-new-tokens", "1"]) == 2
+    _, err = capsys.readouterr()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("radixkv demo: error: request 0 needs ") and "--num-blocks" in last
+    assert "Traceback" not in err
+
+
+def _numeric_options() -> list[tuple[str, str]]:
+    """(subcommand, flag) for every option that parses its value with a ``type=``."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [
+        (name, action.option_strings[-1])
+        for name, p in sub.choices.items()
+        for action in p._actions
+        if action.option_strings and action.type is not None
+    ]
+
+
+def test_every_numeric_flag_is_found() -> None:
+    found = set(_numeric_options())
+    expected = {("demo", f) for f in ("--conversations", "--turns", "--budget", "--threads")}
+    expected |= {(c, f) for c in ("replay", "sweep") for f in ("--block-size", "--max-freq")}
+    expected |= {("replay", "--capacity"), ("sweep", "--small-ratio")}
+    assert expected <= found
+
+
+@pytest.mark.parametrize(("command", "flag"), _numeric_options())
+def test_every_numeric_flag_rejects_minus_one(
+    capsys, no_demo_run, tiny_trace, tmp_path, command, flag
+) -> None:
+    """-1 is a bad value for every numeric flag: exit 2, one line naming the flag, nothing run."""
+    base = {
+        "demo": [],
+        "replay": [str(tiny_trace), "--policy", "lru", "--capacity", "8"],
+        "sweep": [str(tiny_trace), "--capacities", "8", "--csv", str(tmp_path / "o.csv")],
+    }[command]
+    assert exit_code([command, *base, flag, "-1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"radixkv {command}: error: argument {flag}: ") and "-1" in err
+    assert not (tmp_path / "o.csv").exists()
+
+
+# ---------------------------------------------------------------- item 22: version, help
+def test_version(capsys) -> None:
+    assert exit_code(["--version"]) == 0
+    out, _ = capsys.readouterr()
+    assert out == f"radixkv {importlib.metadata.version('radixkv')}\n"
+    assert out == f"radixkv {radixkv.__version__}\n"
+
+
+@pytest.mark.parametrize("argv", [[], ["demo"], ["replay"], ["sweep"]])
+def test_help_is_plain_text(capsys, argv) -> None:
+    assert exit_code([*argv, "--help"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith("usage: radixkv")
+    for markup in ("``", ":class:", ":func:"):
+        assert markup not in out
+
+
+def test_usage_errors_of_the_top_level_are_one_line(capsys) -> None:
+    for argv, message in [([], "required"), (["bogus"], "invalid choice: 'bogus'")]:
+        assert exit_code(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1
+        assert err.startswith("radixkv: error: ") and message in err
+
+
+# ---------------------------------------------------------------- item 23: benchmarks
+BENCH_FILES = sorted(BENCHMARKS.glob("*.py"))
+BENCH_SCRIPTS = sorted(p for p in BENCHMARKS.glob("bench_*.py") if p.name != "bench_common.py")
+TEST_MODULES = {p.stem for p in TESTS.glob("*.py")} | {"tests", "conftest"}
+
+
+def _code_strings(tree: ast.AST) -> list[str]:
+    """String constants in ``tree`` that are not docstrings."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant):
+                docstrings.add(id(body[0].value))
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
+
+
+def test_benchmark_list_is_not_empty() -> None:
+    assert len(BENCH_SCRIPTS) >= 8 and (BENCHMARKS / "bench_common.py") in BENCH_FILES
+
+
+@pytest.mark.parametrize("path", BENCH_FILES, ids=lambda p: p.name)
+def test_benchmarks_import_nothing_from_tests(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            assert name.split(".")[0] not in TEST_MODULES, f"{path.name} imports {name}"
+    # ... nor reaches into tests/ through sys.path or a file path
+    assert "tests" not in _code_strings(tree), f"{path.name} names the tests folder"
+
+
+@pytest.mark.parametrize("path", BENCH_SCRIPTS, ids=lambda p: p.name)
+def test_benchmarks_write_results_only_under_out(path: Path) -> None:
+    """CSVs go only to the path ``--out`` names (no default under the tracked results/)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    assert not any("results" in s for s in _code_strings(tree)), f"{path.name}: a results path"
+    writes = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("write_csv", "save_rows")
+    ]
+    assert writes, f"{path.name} writes no table"
+    for call in writes:
+        where = f"{path.name}:{call.lineno}"
+        # write_csv writes wherever it is told; save_rows writes nothing without --out.
+        assert call.func.id == "save_rows", f"{where}: write_csv instead of save_rows"
+        target = call.args[1]
+        assert any(isinstance(n, ast.Attribute) and n.attr == "out" for n in ast.walk(target)), (
+            f"{where}: writes somewhere other than the --out path"
+        )
+    outs = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "add_argument"
+        and n.args
+        and isinstance(n.args[0], ast.Constant)
+        and n.args[0].value == "--out"
+    ]
+    assert len(outs) == 1, f"{path.name} has no --out flag"
+    default = {k.arg: k.value for k in outs[0].keywords}.get("default")
+    assert default is None or (isinstance(default, ast.Constant) and default.value is None)
+    for node in ast.walk(tree):  # and nothing fills it in later
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                assert not (isinstance(t, ast.Attribute) and t.attr == "out"), (
+                    f"{path.name}:{node.lineno}: assigns a default --out"
+                )
+
+
+def test_save_rows_writes_only_when_asked(tmp_path: Path, capsys) -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from bench_common import save_rows
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    save_rows([{"a": 1}], None, "x.csv")
+    assert "--out benchmarks/results/x.csv" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+    save_rows([{"a": 1}], tmp_path / "x.csv", "x.csv")
+    assert (tmp_path / "x.csv").read_text().splitlines() == ["a", "1"]
