@@ -216,10 +216,12 @@ def test_a_tensor_lookalike_is_not_a_tensor() -> None:
         as_block_array(Fake())
 
 
-def test_block_arrays_take_any_iterable_of_ints() -> None:
+def test_block_arrays_take_ordered_sequences_of_ints() -> None:
     assert as_block_array(range(3)).tolist() == [0, 1, 2]
-    assert as_block_array(b for b in (4, 5)).tolist() == [4, 5]
     assert as_block_array(np.array([1, 2], dtype=np.uint64)).tolist() == [1, 2]
+    for unordered in ((b for b in (4, 5)), {4, 5}, {4: 0, 5: 0}, iter([4, 5])):
+        with pytest.raises(TypeError, match="blocks must be an ordered sequence"):
+            as_block_array(unordered)  # a block table's order is its positions' order
     with pytest.raises(TypeError):
         as_token_array(range(3))  # tokens: a list, tuple, array or tensor only
 

@@ -81,7 +81,7 @@ def test_seeded_names_are_stable_across_processes() -> None:
 def test_block_names_is_read_only() -> None:
     alloc, cache = make(hash_seed=0)
     assert len(cache.block_names([1, 2, 3, 4, 5], namespace="new")) == 2
-    assert cache.cached_blocks == 0 and cache._ns_extra == {None: b""}
+    assert cache.cached_blocks == 0 and cache.num_namespaces == 0
 
 
 def test_bad_construction() -> None:

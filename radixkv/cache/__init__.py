@@ -1,6 +1,7 @@
 """The cache tier: refcounted blocks and the prefix caches over them (numpy and numba; never torch).
 
-- :mod:`~radixkv.cache.allocator`: ``BlockAllocator``, the refcounted block pool;
+- :mod:`~radixkv.cache.allocator`: ``BlockAllocator``, the refcounted block pool
+  (one cache per pool), and ``InvariantError``, what every ``check()`` raises;
 - :mod:`~radixkv.cache.protocol`: ``PrefixCache``, the surface every cache offers;
 - :mod:`~radixkv.cache.radix`: ``RadixCache``, the radix tree, with its eviction
   orders in :mod:`~radixkv.cache.eviction`;
@@ -12,7 +13,7 @@
 - :mod:`~radixkv.cache.kernels`: the numba loops on the hot paths.
 """
 
-from radixkv.cache.allocator import BlockAllocator, OutOfBlocks
+from radixkv.cache.allocator import BlockAllocator, InvariantError, OutOfBlocks
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
@@ -23,6 +24,7 @@ __all__ = [
     "BlockAllocator",
     "CacheStats",
     "HashBlockCache",
+    "InvariantError",
     "MatchResult",
     "NullCache",
     "OutOfBlocks",

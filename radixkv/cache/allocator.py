@@ -8,19 +8,31 @@ is 0.
 
 Refcounts live in one numpy array and the free list is a numpy stack, so that
 the caches can take or drop references on thousands of blocks in one
-vectorised step (``incref_distinct`` / ``decref_distinct``).
+compiled pass (``incref_distinct`` / ``decref_distinct``).
+
+One cache per allocator: a cache reads every reference it does not hold as a
+request's, so two caches on one pool would each keep the other's blocks from
+being evicted. ``RadixCache`` and ``HashBlockCache`` claim their allocator at
+construction (``ValueError`` if another live cache has it); the claim and the
+cache's references go when the cache is garbage-collected.
+
+``check()`` (here and on every cache) raises ``InvariantError`` naming the
+broken invariant, also under ``python -O``: it is never built on ``assert``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import weakref
 
 import numpy as np
 
 from radixkv.cache import kernels
-from radixkv.cache.arrays import BLOCK_DTYPE, as_block_array
+from radixkv.cache.arrays import BLOCK_DTYPE, BlockSeq, as_block_array
 
-__all__ = ["BlockAllocator", "OutOfBlocks"]
+__all__ = ["BlockAllocator", "InvariantError", "OutOfBlocks", "invariant"]
+
+_BLOCK = np.dtype(BLOCK_DTYPE)
+_NDARRAY = np.ndarray  # a module global: one lookup fewer on the hot paths' type check
 
 
 class OutOfBlocks(RuntimeError):
@@ -30,6 +42,21 @@ class OutOfBlocks(RuntimeError):
         super().__init__(f"cannot allocate {requested} blocks: only {num_free} free")
         self.requested = requested
         self.num_free = num_free
+
+
+class InvariantError(AssertionError):
+    """Raised by ``check()`` when a structure breaks an invariant; the message names which.
+
+    A subclass of ``AssertionError`` so that code catching what ``check()``
+    used to raise keeps working, but raised explicitly: ``python -O`` does not
+    turn it off.
+    """
+
+
+def invariant(ok: object, message: str) -> None:
+    """Raise ``InvariantError(message)`` unless ``ok`` is true (``check()``'s ``assert``)."""
+    if not ok:
+        raise InvariantError(message)
 
 
 class BlockAllocator:
@@ -53,7 +80,7 @@ class BlockAllocator:
     3
     """
 
-    __slots__ = ("_block_size", "_num_blocks", "_refcount", "_free", "_num_free", "_mark")
+    __slots__ = ("_block_size", "_num_blocks", "_refcount", "_free", "_num_free", "_mark", "_cache")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         _check_positive_int("num_blocks", num_blocks)
@@ -69,6 +96,7 @@ class BlockAllocator:
         self._num_free = int(num_blocks)
         # Scratch space for O(n) duplicate detection without sorting.
         self._mark = np.zeros(num_blocks, dtype=np.int64)
+        self._cache: weakref.ref | None = None  # the one cache over this pool (_claim)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -109,11 +137,13 @@ class BlockAllocator:
         self._refcount[out] = 1
         return out
 
-    def incref(self, blocks: Iterable[int]) -> None:
+    def incref(self, blocks: BlockSeq) -> None:
         """Add one reference per occurrence in ``blocks`` (a block may repeat).
 
-        Raises ``ValueError`` if any block is out of range or free; nothing
-        changes then. Complexity: O(len(blocks)).
+        ``blocks``: an ordered sequence of block ids (see ``as_block_array``).
+        Raises ``TypeError`` for any other type and ``ValueError`` if any
+        block is out of range or free; nothing changes then.
+        Complexity: O(len(blocks)).
         """
         arr = self._as_block_array(blocks)
         if arr.size == 0:
@@ -121,12 +151,14 @@ class BlockAllocator:
         self._require_allocated(arr)
         np.add.at(self._refcount, arr, 1)
 
-    def decref(self, blocks: Iterable[int]) -> int:
+    def decref(self, blocks: BlockSeq) -> int:
         """Give back one reference per occurrence in ``blocks``; return how many were freed.
 
         A block whose refcount reaches 0 returns to the free list. Raises
-        ``ValueError`` if any block is out of range, free, or listed more times
-        than it has references; nothing changes then. Complexity: O(len(blocks)).
+        ``TypeError`` unless ``blocks`` is an ordered sequence of ints (see
+        ``as_block_array``) and ``ValueError`` if any block is out of range,
+        free, or listed more times than it has references; nothing changes
+        then. Complexity: O(len(blocks)).
         """
         arr = self._as_block_array(blocks)
         if arr.size == 0:
@@ -153,27 +185,50 @@ class BlockAllocator:
         return int(self._refcount[block])
 
     # ------------------------------------------------ vectorised hot paths
-    def incref_distinct(self, blocks: np.ndarray) -> None:
-        """``incref`` for an int array of distinct, allocated blocks (the caches' hot path).
+    def incref_distinct(self, blocks: BlockSeq) -> None:
+        """``incref`` for distinct blocks (the caches' hot path): one compiled pass, no sort.
 
-        Allocation is checked (``ValueError``, nothing changed); distinctness is
-        the caller's promise. Complexity: O(n), one compiled pass.
+        Meant for a 1-D int32 numpy array (other block sequences are converted
+        first, as ``incref`` does). Every block is checked in the same pass:
+        ``ValueError`` naming the first one out of range or free, nothing
+        changed then. A repeated block simply gets one reference per
+        occurrence. Complexity: O(n).
         """
+        if type(blocks) is not _NDARRAY or blocks.dtype is not _BLOCK or blocks.ndim != 1:
+            blocks = as_block_array(blocks)
         bad = kernels.incref_distinct(self._refcount, blocks)
         if bad >= 0:
-            raise ValueError(f"block {int(blocks[bad])} is not allocated (refcount 0)")
+            raise ValueError(self._bad_block(int(blocks[bad])))
 
-    def decref_distinct(self, blocks: np.ndarray) -> int:
-        """``decref`` for an int array of distinct, allocated blocks; returns blocks freed."""
+    def decref_distinct(self, blocks: BlockSeq) -> int:
+        """``decref`` for distinct blocks (the caches' hot path); returns blocks freed.
+
+        Meant for a 1-D int32 numpy array (other block sequences are converted
+        first, as ``decref`` does). Every block is checked in the compiled
+        pass: ``ValueError`` naming the first one out of range, free, or
+        repeated more times than its refcount, nothing changed then.
+        Complexity: O(n).
+        """
+        if type(blocks) is not _NDARRAY or blocks.dtype is not _BLOCK or blocks.ndim != 1:
+            blocks = as_block_array(blocks)
         top = kernels.decref_distinct(self._refcount, blocks, self._free, self._num_free)
         if top < 0:
-            raise ValueError(f"block {int(blocks[-1 - top])} is not allocated (refcount 0)")
+            i = -1 - top
+            b = int(blocks[i])
+            if 0 <= b < self._num_blocks and self._refcount[b] > 0:
+                raise ValueError(
+                    f"decref of block {b} more times than its refcount {self.refcount(b)}"
+                )
+            raise ValueError(self._bad_block(b))
         freed = top - self._num_free
         self._num_free = top
         return freed
 
     def refcounts(self, blocks: np.ndarray) -> np.ndarray:
-        """Refcounts of an int array of blocks (a copy). Complexity: O(n), vectorised."""
+        """Refcounts of an int array of blocks in range (a copy; unchecked, numpy indexing).
+
+        Complexity: O(n), vectorised.
+        """
         return self._refcount[blocks]
 
     @property
@@ -183,16 +238,25 @@ class BlockAllocator:
 
     # ---------------------------------------------------------- invariants
     def check(self) -> None:
-        """Assert every invariant; raise ``AssertionError`` naming the first broken one.
+        """Verify every invariant; ``InvariantError`` naming the first broken one (even under -O).
 
         Complexity: O(num_blocks).
         """
         rc = self._refcount
-        assert (rc >= 0).all(), "negative refcount"
+        invariant(
+            rc.shape == (self._num_blocks,) and self._free.shape == (self._num_blocks,),
+            "the refcount array or the free stack changed size",
+        )
+        invariant(0 <= self._num_free <= self._num_blocks, f"num_free is {self._num_free}")
+        invariant((rc >= 0).all(), f"block {int(np.argmin(rc))} has a negative refcount")
         free = self._free[: self._num_free]
-        assert len(np.unique(free)) == len(free), "a block is on the free list twice"
-        assert (rc[free] == 0).all(), "a block on the free list has a nonzero refcount"
-        assert int((rc == 0).sum()) == self._num_free, "a block with refcount 0 is not free"
+        invariant(
+            not free.size or (free.min() >= 0 and free.max() < self._num_blocks),
+            "the free list holds a block id out of range",
+        )
+        invariant(len(np.unique(free)) == len(free), "a block is on the free list twice")
+        invariant((rc[free] == 0).all(), "a block on the free list has a nonzero refcount")
+        invariant(int((rc == 0).sum()) == self._num_free, "a block with refcount 0 is not free")
 
     def __repr__(self) -> str:
         return (
@@ -201,6 +265,40 @@ class BlockAllocator:
         )
 
     # ------------------------------------------------------------- helpers
+    def _claim(self, cache: object, held: np.ndarray) -> None:
+        """Make ``cache`` the one cache over this pool (called by a cache's constructor, last).
+
+        ``held`` is the cache's bool map of the blocks it holds a reference on
+        (mutated in place, never replaced). ``ValueError`` naming
+        ``allocator`` if another cache that is still alive has claimed it.
+        When ``cache`` is garbage-collected the references it held go back,
+        so a cache built after it finds the pool as the requests alone left
+        it. Complexity: O(1).
+        """
+        other = self._cache() if self._cache is not None else None
+        if other is not None and other is not cache:
+            raise ValueError(
+                f"allocator already serves {other!r}: one cache per allocator (each would read "
+                "the other's references as requests' and never evict those blocks); use a "
+                "second BlockAllocator, or drop the first cache before building another"
+            )
+        self._cache = weakref.ref(cache)
+        weakref.finalize(cache, self._give_back, held).atexit = False
+
+    def _give_back(self, held: np.ndarray) -> None:
+        """A collected cache's references: decref every block flagged in ``held``.
+
+        Skips blocks already free: a finalizer cannot report a pool corrupted
+        by hand (``check()`` does), and must not corrupt it further.
+        """
+        self.decref_distinct(np.flatnonzero(held & (self._refcount > 0)).astype(BLOCK_DTYPE))
+        held[:] = False
+
+    def _bad_block(self, b: int) -> str:
+        if not 0 <= b < self._num_blocks:
+            return f"block {b} out of range [0, {self._num_blocks})"
+        return f"block {b} is not allocated (refcount 0)"
+
     def _push_free(self, freed: np.ndarray) -> int:
         n = int(freed.size)
         top = self._num_free
@@ -208,7 +306,7 @@ class BlockAllocator:
         self._num_free = top + n
         return n
 
-    def _as_block_array(self, blocks: Iterable[int]) -> np.ndarray:
+    def _as_block_array(self, blocks: BlockSeq) -> np.ndarray:
         arr = as_block_array(blocks)
         if arr.size and (arr.min() < 0 or arr.max() >= self._num_blocks):
             bad = arr[(arr < 0) | (arr >= self._num_blocks)][0]

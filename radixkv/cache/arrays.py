@@ -2,15 +2,17 @@
 
 Every cache entry point converts its ``tokens`` argument with ``as_token_array``
 and its ``blocks`` argument with ``as_block_array`` first, so bad input raises
-before any state changes. Both accept torch tensors without importing torch:
-a tensor can only exist once torch is imported, so ``sys.modules`` tells.
-``common_prefix_len`` is the one longest-common-prefix function of the package.
+before any state changes. Both take ordered sequences only (a ``set`` or a
+``dict`` has no position order to give a block table) and accept torch tensors
+without importing torch: a tensor can only exist once torch is imported, so
+``sys.modules`` tells. ``common_prefix_len`` is the one longest-common-prefix
+function of the package.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from radixkv.cache import kernels
 __all__ = [
     "BLOCK_DTYPE",
     "TOKEN_DTYPE",
+    "BlockSeq",
     "TokenSeq",
     "as_block_array",
     "as_token_array",
@@ -33,6 +36,8 @@ _INT32 = np.dtype(np.int32)
 
 # A list/tuple of ints, a 1-D integer numpy array, or a 1-D integer torch tensor.
 TokenSeq = Sequence[int] | np.ndarray | Any
+# The same for block ids (a block table: entry i holds positions [i * bs, (i + 1) * bs)).
+BlockSeq = Sequence[int] | np.ndarray | Any
 
 
 def as_token_array(tokens: TokenSeq) -> np.ndarray:
@@ -40,8 +45,9 @@ def as_token_array(tokens: TokenSeq) -> np.ndarray:
 
     Accepts a list or tuple of ints, a 1-D integer numpy array, or a 1-D
     integer torch tensor on any device. Raises ``TypeError`` for any other
-    type or a non-integer dtype, and ``ValueError`` for a wrong shape or ids
-    outside int32. The result may be ``tokens`` itself: do not write to it.
+    type, a non-integer dtype or entry, and ``ValueError`` for a wrong shape or
+    ids outside int32; both name ``tokens`` and the first bad entry's index and
+    value. The result may be ``tokens`` itself: do not write to it.
 
     Complexity: O(1) for an int32 C-contiguous array, else O(len(tokens)).
 
@@ -55,7 +61,7 @@ def as_token_array(tokens: TokenSeq) -> np.ndarray:
     elif isinstance(tokens, (list, tuple)):
         if len(tokens) == 0:
             return np.empty(0, dtype=TOKEN_DTYPE)
-        arr = np.asarray(tokens)
+        arr = _list_to_numpy(tokens, "tokens")
     elif _is_tensor(tokens):
         arr = _tensor_to_numpy(tokens, "tokens")
     else:
@@ -66,14 +72,17 @@ def as_token_array(tokens: TokenSeq) -> np.ndarray:
     return _as_int32(arr, "tokens", "token ids")
 
 
-def as_block_array(blocks: Iterable[int]) -> np.ndarray:
+def as_block_array(blocks: BlockSeq) -> np.ndarray:
     """Return block ids as a C-contiguous 1-D int32 array (no copy when it already is one).
 
-    Accepts any iterable of ints except ``str``/``bytes``, a 1-D integer numpy
-    array, or a 1-D integer torch tensor on any device. Raises ``TypeError``
-    for a non-integer dtype or a string, ``ValueError`` for a wrong shape or
-    ids outside int32. Range against a pool is the allocator's check, not
-    this one's. The result may be ``blocks`` itself: do not write to it.
+    Accepts an ordered sequence: a list, tuple or other ``Sequence`` of ints
+    (``range`` included; ``str``/``bytes`` not), a 1-D integer numpy array,
+    or a 1-D integer torch tensor on any device. Raises ``TypeError`` naming
+    ``blocks`` for anything else (a ``set``, a ``dict``, an iterator, an
+    int, None: nothing that fixes which block holds which positions), a
+    non-integer dtype or entry, and ``ValueError`` for a wrong shape or ids
+    outside int32. Range against a pool is the allocator's check, not this
+    one's. The result may be ``blocks`` itself: do not write to it.
 
     Complexity: O(1) for an int32 C-contiguous array, else O(len(blocks)).
 
@@ -84,14 +93,21 @@ def as_block_array(blocks: Iterable[int]) -> np.ndarray:
         if blocks.dtype == BLOCK_DTYPE and blocks.ndim == 1 and blocks.flags.c_contiguous:
             return blocks  # the fast path: already what the caches use
         arr = blocks
+    elif isinstance(blocks, (list, tuple)):
+        if len(blocks) == 0:
+            return np.empty(0, dtype=BLOCK_DTYPE)
+        arr = _list_to_numpy(blocks, "blocks")
     elif _is_tensor(blocks):
         arr = _tensor_to_numpy(blocks, "blocks")
-    else:
-        if isinstance(blocks, (str, bytes)):
-            raise TypeError(f"blocks must be a sequence of ints, got {type(blocks).__name__}")
-        arr = np.asarray(list(blocks))
-        if arr.size == 0:
+    elif isinstance(blocks, Sequence) and not isinstance(blocks, (str, bytes)):
+        if len(blocks) == 0:
             return np.empty(0, dtype=BLOCK_DTYPE)
+        arr = _list_to_numpy(list(blocks), "blocks")
+    else:
+        raise TypeError(
+            "blocks must be an ordered sequence of block ids (a list/tuple of ints, a 1-D "
+            f"integer numpy array or a 1-D integer torch tensor), got {type(blocks).__name__}"
+        )
     return _as_int32(arr, "blocks", "block ids")
 
 
@@ -128,6 +144,30 @@ def _tensor_to_numpy(x: Any, what: str) -> np.ndarray:
     return x.detach().cpu().numpy()
 
 
+def _list_to_numpy(seq: Sequence, what: str) -> np.ndarray:
+    """``np.asarray(seq)``, or the error naming ``what``'s first entry that is no int32 int.
+
+    numpy turns ``[2**63, 1]`` into float64 and ``[2**64]`` into object, which
+    would report a dtype the caller never wrote: an int entry is what is wrong.
+    """
+    try:
+        arr = np.asarray(seq)
+    except (ValueError, TypeError, OverflowError):  # ragged or nested: name the entry
+        arr = None
+    if arr is not None and arr.dtype.kind in "iu" and arr.ndim == 1:
+        return arr  # the common case; _as_int32 checks the range
+    for i, x in enumerate(seq):
+        if not isinstance(x, (int, np.integer)):
+            raise TypeError(f"{what}[{i}] must be an int, got {x!r} ({type(x).__name__})")
+        if not _INFO.min <= x <= _INFO.max:
+            raise ValueError(
+                f"{what}[{i}] is {x}, outside the int32 range [{_INFO.min}, {_INFO.max}]"
+            )
+    if arr is None:
+        raise TypeError(f"{what} must be a flat sequence of ints, got {type(seq).__name__}")
+    return arr  # entries numpy does not store as ints (bools): _as_int32 names the dtype
+
+
 def _as_int32(arr: np.ndarray, what: str, ids: str) -> np.ndarray:
     """``arr`` checked (1-D, integer, within int32) and converted to C-contiguous int32."""
     if arr.ndim != 1:
@@ -138,6 +178,9 @@ def _as_int32(arr: np.ndarray, what: str, ids: str) -> np.ndarray:
         raise TypeError(f"{what} must be integers, got dtype {arr.dtype}")
     if arr.dtype != np.int32:
         if arr.size and (arr.min() < _INFO.min or arr.max() > _INFO.max):
-            raise ValueError(f"{ids} must fit in int32 [{_INFO.min}, {_INFO.max}]")
+            i = int(np.flatnonzero((arr < _INFO.min) | (arr > _INFO.max))[0])
+            raise ValueError(
+                f"{what}[{i}] is {arr[i]}: {ids} must fit in int32 [{_INFO.min}, {_INFO.max}]"
+            )
         arr = arr.astype(np.int32)
     return np.ascontiguousarray(arr)

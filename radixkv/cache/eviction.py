@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["EVICTION_ORDERS", "EvictionOrder", "LevelOrder", "LruOrder", "make_eviction_order"]
+__all__ = [
+    "EVICTION_ORDERS",
+    "EvictionOrder",
+    "LevelOrder",
+    "LruOrder",
+    "check_key",
+    "make_eviction_order",
+]
 
 
 class _KeyedNode(Protocol):
@@ -26,8 +33,10 @@ class EvictionOrder(Protocol):
     name: str
 
     def key(self, node: _KeyedNode) -> tuple[int, ...]:
-        """Sort key of a leaf: cheap, a pure function of the node's fields, never smaller
-        after a touch (the tree re-files stale keys lazily, trusting they only grow)."""
+        """Sort key of a leaf: a tuple (the tree compares a filed key with a fresh one, and a
+        list never equals a tuple); cheap, a pure function of the node's fields, never
+        smaller after a touch (the tree re-files stale keys lazily, trusting they only
+        grow; ``RadixCache.check()`` verifies it)."""
         ...
 
 
@@ -63,3 +72,17 @@ def make_eviction_order(eviction: str | EvictionOrder) -> EvictionOrder:
     if not callable(getattr(eviction, "key", None)):
         raise TypeError(f"eviction must be a name or have a key(node) method, got {eviction!r}")
     return eviction
+
+
+def check_key(order: EvictionOrder, key: object) -> None:
+    """``TypeError`` naming ``order`` unless ``key`` (what its ``key(node)`` returned) is a tuple.
+
+    The tree files ``(*key, uid, node)`` and re-files an entry whose stored key
+    differs from a fresh one: a key of another type (a list) never compares
+    equal, and ``evict`` would re-file it forever. Complexity: O(1).
+    """
+    if not isinstance(key, tuple):
+        raise TypeError(
+            f"eviction order {order!r}: key(node) must return a tuple, got {type(key).__name__} "
+            f"{key!r}"
+        )

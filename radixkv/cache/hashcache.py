@@ -42,25 +42,31 @@ again. Until then it is unreachable but still evictable, so nothing leaks.
 For ``hash_fn="builtin"`` (64-bit, collisions possible) and callables, the
 cache keeps each block's token bytes and checks them on every name hit; a
 mismatch counts as a miss, and ``insert`` stops caching at that block.
+
+Namespaces are filed by ``namespace_key`` (type and value), each with its
+extra key bytes and a count of the cached blocks its chains own (a block
+belongs to the namespace that inserted it: every name in a chain derives from
+the first block's extra). A namespace whose count falls to 0 is forgotten, so
+per-request cache salts leave nothing behind.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from dataclasses import replace
 from itertools import islice
 
 import numpy as np
 
-from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
+from radixkv.cache.allocator import BlockAllocator, invariant
+from radixkv.cache.arrays import TOKEN_DTYPE, BlockSeq, TokenSeq, as_token_array
 from radixkv.cache.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
 from radixkv.cache.protocol import (
     check_insert_blocks,
-    check_namespace,
     check_num_blocks,
     held_array,
+    namespace_key,
     release_held,
 )
 from radixkv.cache.results import CacheStats, MatchResult
@@ -71,6 +77,19 @@ _TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 _EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
 
 
+class _Namespace:
+    """A namespace with cached blocks: its first block's extra key and its block count."""
+
+    __slots__ = ("namespace", "key", "extra", "slot", "num_blocks")
+
+    def __init__(self, namespace: Hashable, key: Hashable, extra: bytes, slot: int) -> None:
+        self.namespace = namespace  # as the caller gave it
+        self.key = key  # namespace_key(namespace): its key in _namespaces
+        self.extra = extra
+        self.slot = slot  # its index in _slots, stored per block in _block_ns
+        self.num_blocks = 0
+
+
 class HashBlockCache:
     """Block-level prefix cache over a ``BlockAllocator`` keyed by chained block hashes.
 
@@ -79,6 +98,10 @@ class HashBlockCache:
     ``"xxhash"``, ``"builtin"`` or a callable ``f(parent, block_bytes, extra)``;
     ``hash_seed`` (str, bytes or int) fixes the root name so names are stable
     across processes (sha256 / xxhash); None draws a random root.
+
+    One cache per allocator: ``ValueError`` naming ``allocator`` if another
+    live cache already claimed it (see ``radixkv.cache.allocator``). When
+    this cache is garbage-collected its references go back to the allocator.
 
     >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
     >>> cache = HashBlockCache(alloc, hash_seed=0)
@@ -112,12 +135,18 @@ class HashBlockCache:
         self._queue: OrderedDict[int, BlockName] = OrderedDict()
         self._tokens: dict[int, bytes] = {}  # block -> its token bytes, only when verifying
         self._held = np.zeros(allocator.num_blocks, dtype=bool)
-        self._ns_extra: dict[Hashable, bytes] = {None: b""}
-        self._ns_taken: set[bytes] = {b""}
+        # Namespaces owning at least one cached block, by namespace_key; the slot of each
+        # cached block's namespace; slots free for reuse; the extras in use.
+        self._namespaces: dict[Hashable, _Namespace] = {}
+        self._slots: list[_Namespace | None] = []
+        self._free_slots: list[int] = []
+        self._block_ns = np.zeros(allocator.num_blocks, dtype=np.int32)
+        self._extras: set[bytes] = set()
         self._stats = CacheStats()
         # The names the last match computed: (extra, token bytes they cover, names). The
         # serving loop inserts right after it matched, so insert re-hashes nothing it named.
         self._memo: tuple[bytes, bytes, list[BlockName]] = (b"", b"", [])
+        allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
     @property
@@ -157,6 +186,11 @@ class HashBlockCache:
         return int(np.count_nonzero(self._alloc.refcounts(held_array(self._held)) == 1))
 
     @property
+    def num_namespaces(self) -> int:
+        """Namespaces owning at least one cached block. Complexity: O(1)."""
+        return len(self._namespaces)
+
+    @property
     def stats(self) -> CacheStats:
         """A snapshot of the counters."""
         return replace(self._stats)
@@ -168,20 +202,47 @@ class HashBlockCache:
         Read-only: an unseen namespace is not registered. Complexity: O(len(tokens)).
         """
         arr = as_token_array(tokens)
-        extra = self._ns_extra.get(check_namespace(namespace))
-        if extra is None:
-            extra = self._derive_extra(namespace)
+        rec = self._namespaces.get(namespace_key(namespace))
+        extra = rec.extra if rec is not None else self._derive_extra(namespace)
         n = len(arr) // self._bs
         return self._hasher.chain(arr[: n * self._bs].tobytes(), self._bb, extra)
 
     def _derive_extra(self, namespace: Hashable) -> bytes:
         extra = namespace_bytes(namespace)
-        if extra in self._ns_taken:  # an unequal namespace with the same repr: disambiguate
+        if extra in self._extras:  # another namespace in use with the same repr: disambiguate
             i = 1
-            while extra + b"#%d" % i in self._ns_taken:
+            while extra + b"#%d" % i in self._extras:
                 i += 1
             extra += b"#%d" % i
         return extra
+
+    def _add_namespace(self, namespace: Hashable, key: Hashable, extra: bytes) -> _Namespace:
+        slot = self._free_slots.pop() if self._free_slots else len(self._slots)
+        rec = _Namespace(namespace, key, extra, slot)
+        if slot == len(self._slots):
+            self._slots.append(rec)
+        else:
+            self._slots[slot] = rec
+        self._namespaces[key] = rec
+        self._extras.add(extra)
+        return rec
+
+    def _release_blocks(self, blocks: np.ndarray) -> None:
+        """Uncount ``blocks`` (no longer cached) from their namespaces; forget emptied ones."""
+        slots = self._block_ns[blocks]
+        if slots.size == 1 or (slots.size and slots.min() == slots.max()):
+            uniq, counts = [int(slots[0])], [int(slots.size)]
+        else:
+            u, c = np.unique(slots, return_counts=True)
+            uniq, counts = u.tolist(), c.tolist()
+        for slot, count in zip(uniq, counts):
+            rec = self._slots[slot]
+            rec.num_blocks -= count
+            if rec.num_blocks == 0:
+                del self._namespaces[rec.key]
+                self._extras.discard(rec.extra)
+                self._slots[slot] = None
+                self._free_slots.append(slot)
 
     # ------------------------------------------------------------------ match
     def match(
@@ -200,13 +261,14 @@ class HashBlockCache:
         Complexity: O(matched blocks + 1) hashes and dict lookups.
         """
         arr = as_token_array(tokens)
-        extra = self._ns_extra.get(check_namespace(namespace))
+        rec = self._namespaces.get(namespace_key(namespace))
         counters = self._stats
         if stats:
             counters.num_matches += 1
             counters.query_tokens += len(arr)
-        if extra is None:
+        if rec is None:
             return MatchResult(_EMPTY_BLOCKS, 0)
+        extra = rec.extra
         found, names, data = self._lookup(arr, extra)
         if names:
             self._memo = (extra, data[: len(names) * self._bb], names)
@@ -232,10 +294,10 @@ class HashBlockCache:
         Complexity: O(matched blocks + 1) hashes and dict lookups.
         """
         arr = as_token_array(tokens)
-        extra = self._ns_extra.get(check_namespace(namespace))
-        if extra is None:
+        rec = self._namespaces.get(namespace_key(namespace))
+        if rec is None:
             return 0
-        found, _, _ = self._lookup(arr, extra)
+        found, _, _ = self._lookup(arr, rec.extra)
         return len(found) * self._bs
 
     def _lookup(self, arr: np.ndarray, extra: bytes) -> tuple[list[int], list[BlockName], bytes]:
@@ -269,30 +331,31 @@ class HashBlockCache:
         return found, names, data
 
     # ----------------------------------------------------------------- insert
-    def insert(self, tokens: TokenSeq, blocks: Iterable[int], namespace: Hashable = None) -> int:
+    def insert(self, tokens: TokenSeq, blocks: BlockSeq, namespace: Hashable = None) -> int:
         """Cache the full blocks of ``tokens``; return how many leading tokens were cached already.
 
-        ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``; at least
-        ``len(tokens) // block_size`` entries, each allocated. The cache adopts
+        ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``: an ordered
+        sequence (list, tuple, 1-D integer array or tensor) of at least
+        ``len(tokens) // block_size`` entries, every one allocated (also those
+        past the full blocks). The cache adopts
         (takes its own reference on) the block at every position whose name it
         lacks, and never touches the caller's references: the caller still owns
         and must ``decref`` all of ``blocks``. The request's chain then moves to
         the queue tail deepest first (the vLLM release order). Raises
         ``ValueError`` (too few blocks, a free or out-of-range block, a
         repeated block, or a block already cached under another name) and
-        ``TypeError``, before any change.
+        ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
+        non-integer input), before any change.
 
         Complexity: O(full blocks) hashes and dict operations.
         """
         arr = as_token_array(tokens)
-        ns = check_namespace(namespace)
+        ns_key = namespace_key(namespace)
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
         blk = check_insert_blocks(self._alloc, blocks, len(arr))
-        extra = self._ns_extra.get(ns)
-        new_ns = extra is None
-        if new_ns:
-            extra = self._derive_extra(ns)
+        rec = self._namespaces.get(ns_key)
+        extra = rec.extra if rec is not None else self._derive_extra(namespace)
 
         # Name every block and look it up, without changing anything, so validation can
         # still fail cleanly.
@@ -321,18 +384,22 @@ class HashBlockCache:
         new = np.array([blk_list[i] for i in adopt], dtype=np.int32)
         if new.size:
             if new.size > 1 and len(np.unique(new)) != new.size:
-                raise ValueError("blocks must be distinct")
+                _, first = np.unique(new, return_index=True)
+                i = adopt[int(np.setdiff1d(np.arange(new.size), first)[0])]
+                raise ValueError(
+                    f"blocks[{i}] is block {blk_list[i]}, a repeat: adopted blocks must be distinct"
+                )
             held = self._held[new]
             if held.any():
+                i = adopt[int(np.argmax(held))]
                 raise ValueError(
-                    f"block {int(new[np.argmax(held)])} is already cached under another name"
+                    f"blocks[{i}] is block {blk_list[i]}, already cached under another name"
                 )
 
         stats = self._stats
         stats.num_inserts += 1
-        if new_ns and new.size:
-            self._ns_extra[ns] = extra
-            self._ns_taken.add(extra)
+        if new.size and rec is None:
+            rec = self._add_namespace(namespace, ns_key, extra)
         queue = self._queue
         move = queue.move_to_end
         for i in range(len(found) - 1, -1, -1):  # deepest first: the root ends at the tail
@@ -349,6 +416,8 @@ class HashBlockCache:
         if new.size:
             self._alloc.incref_distinct(new)
             self._held[new] = True
+            self._block_ns[new] = rec.slot
+            rec.num_blocks += int(new.size)
             stats.inserted_tokens += int(new.size) * bs
         return num_cached * bs
 
@@ -357,7 +426,9 @@ class HashBlockCache:
         """Free ``min(num_blocks, evictable_blocks)`` cached blocks from the queue head.
 
         Blocks a request holds (refcount > 1) are skipped and stay cached.
-        Returns the number of blocks freed.
+        Returns the number of blocks freed. ``num_blocks`` is any int ``>= 0``
+        (``10**30`` too); ``ValueError`` / ``TypeError`` otherwise, before any
+        change. A namespace left with no block is forgotten.
 
         Complexity: O(num_blocks + skipped in-use blocks), refcounts read in
         vectorised chunks.
@@ -369,7 +440,8 @@ class HashBlockCache:
         rc = self._alloc.refcounts
         keys = iter(queue)
         victims: list[np.ndarray] = []
-        need = int(num_blocks)
+        size = len(queue)
+        need = min(int(num_blocks), size)  # islice takes at most sys.maxsize
         chunk = max(need, 16)
         while need > 0:
             part = np.fromiter(islice(keys, chunk), dtype=np.int32)
@@ -378,13 +450,15 @@ class HashBlockCache:
             free_now = part[rc(part) == 1][:need]
             victims.append(free_now)
             need -= len(free_now)
-            chunk *= 2
+            chunk = min(2 * chunk, size)
         del keys
         out = np.concatenate(victims) if victims else _EMPTY_BLOCKS
         by_name, tokens_of = self._by_name, self._tokens
         for block in out.tolist():
             del by_name[queue.pop(block)]
             tokens_of.pop(block, None)
+        if out.size:
+            self._release_blocks(out)
         self._held[out] = False
         freed = self._alloc.decref_distinct(out)
         self._stats.evicted_blocks += freed
@@ -400,27 +474,70 @@ class HashBlockCache:
         self._by_name.clear()
         self._queue.clear()
         self._tokens.clear()
+        self._namespaces.clear()
+        self._slots.clear()
+        self._free_slots.clear()
+        self._extras.clear()
 
     # ------------------------------------------------------------ inspection
     def check(self) -> None:
-        """Assert every invariant: the name map, the queue and the held map agree.
+        """Verify every invariant: the name map, the queue, the held map and the namespaces agree.
 
+        Raises ``InvariantError`` naming the first broken one (never built on
+        ``assert``: ``python -O`` checks too). Also checks the allocator.
         Complexity: O(cached blocks + num_blocks).
         """
         queue, by_name = self._queue, self._by_name
-        assert len(queue) == len(by_name), "name map and queue differ in size"
+        invariant(len(queue) == len(by_name), "name map and queue differ in size")
         for block, name in queue.items():
-            assert by_name.get(name) == block, "a queued block's name maps elsewhere"
+            invariant(by_name.get(name) == block, f"block {block}'s name maps elsewhere")
         blocks = np.fromiter(queue.keys(), dtype=np.int32, count=len(queue))
+        invariant(
+            not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
+            "the queue holds a block id out of range",
+        )
         held = np.zeros_like(self._held)
         held[blocks] = True
-        assert (held == self._held).all(), "held-block map disagrees with the queue"
-        assert (self._alloc.refcounts(blocks) >= 1).all(), "the cache holds a free block"
+        invariant((held == self._held).all(), "held-block map disagrees with the queue")
+        invariant((self._alloc.refcounts(blocks) >= 1).all(), "the cache holds a free block")
         if self._verify:
-            assert self._tokens.keys() == queue.keys(), "token bytes missing for a block"
-            assert all(len(t) == self._bb for t in self._tokens.values()), "bad token bytes"
+            invariant(self._tokens.keys() == queue.keys(), "token bytes missing for a block")
+            invariant(all(len(t) == self._bb for t in self._tokens.values()), "bad token bytes")
         else:
-            assert not self._tokens, "token bytes kept without verification"
+            invariant(not self._tokens, "token bytes kept without verification")
+        slots = self._block_ns[blocks]
+        invariant(
+            not slots.size or (slots.min() >= 0 and slots.max() < len(self._slots)),
+            "a cached block's namespace slot is out of range",
+        )
+        counts = np.bincount(slots, minlength=len(self._slots)) if slots.size else None
+        free_slots = set(self._free_slots)
+        invariant(len(free_slots) == len(self._free_slots), "a namespace slot is free twice")
+        for slot, rec in enumerate(self._slots):
+            if rec is None:
+                invariant(slot in free_slots, f"namespace slot {slot} is lost")
+                invariant(counts is None or counts[slot] == 0, f"blocks owned by freed slot {slot}")
+                continue
+            invariant(rec.slot == slot, f"namespace {rec.namespace!r} is in the wrong slot")
+            invariant(
+                self._namespaces.get(rec.key) is rec,
+                f"namespace {rec.namespace!r} is not filed under its key",
+            )
+            invariant(rec.num_blocks > 0, f"namespace {rec.namespace!r} is kept with no blocks")
+            invariant(
+                counts is not None and counts[slot] == rec.num_blocks,
+                f"namespace {rec.namespace!r} counts {rec.num_blocks} blocks, owns "
+                f"{0 if counts is None else int(counts[slot])}",
+            )
+        invariant(
+            len(self._namespaces) + len(self._free_slots) == len(self._slots),
+            "namespace map, slots and free slots disagree",
+        )
+        invariant(
+            self._extras == {rec.extra for rec in self._namespaces.values()}
+            and len(self._extras) == len(self._namespaces),
+            "namespaces' extra keys are not one per namespace",
+        )
         self._alloc.check()
 
     def __repr__(self) -> str:

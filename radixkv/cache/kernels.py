@@ -4,7 +4,13 @@ A match at block size 1 hands out thousands of references; numpy fancy
 indexing costs several passes and an index conversion per call, a compiled
 loop one pass. Each kernel that can fail checks everything first and changes
 nothing unless all is well, so callers keep the "raise before any change" rule.
+Kernels that index the refcount array by a block id check the id's range in
+the same pass: an id out of range would otherwise read or write outside it.
 Compiled lazily on first call and cached on disk (``cache=True``).
+
+These are internal: they take 1-D int32 numpy arrays and check nothing about
+their arguments' types (a list raises numba's ``TypingError``). The checked
+entry points are ``BlockAllocator``'s methods and the caches.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ __all__ = [
 
 @njit(cache=True)
 def incref_distinct(rc: np.ndarray, blocks: np.ndarray) -> int:
-    """rc[b] += 1 for each b; returns -1, or the index of the first free block (nothing done)."""
+    """rc[b] += 1 for each b; returns -1, or the index of the first block out of range or
+    free (nothing done). A repeated block gets one reference per occurrence."""
+    n = rc.size
     for i in range(blocks.size):
         b = blocks[i]
-        if rc[b] <= 0:
+        if b < 0 or b >= n or rc[b] <= 0:
             for j in range(i):  # undo: the common case pays for one pass only
                 rc[blocks[j]] -= 1
             return i
@@ -39,13 +47,20 @@ def incref_distinct(rc: np.ndarray, blocks: np.ndarray) -> int:
 def decref_distinct(rc: np.ndarray, blocks: np.ndarray, free: np.ndarray, top: int) -> int:
     """rc[b] -= 1 for each b, pushing blocks that reach 0 onto ``free`` at ``top``.
 
-    Returns the new top, or ``-1 - i`` where ``blocks[i]`` is free (nothing done).
+    Returns the new top, or ``-1 - i`` where ``blocks[i]`` is out of range, free, or
+    repeated more times than its refcount (nothing done then).
     """
+    n = rc.size
     for i in range(blocks.size):
-        if rc[blocks[i]] <= 0:
+        b = blocks[i]
+        if b < 0 or b >= n or rc[b] <= 0:
             return -1 - i
     for i in range(blocks.size):
         b = blocks[i]
+        if rc[b] <= 0:  # a repeat that already took the last reference: undo
+            for j in range(i):
+                rc[blocks[j]] += 1
+            return -1 - i
         rc[b] -= 1
         if rc[b] == 0:
             free[top] = b
@@ -54,20 +69,23 @@ def decref_distinct(rc: np.ndarray, blocks: np.ndarray, free: np.ndarray, top: i
 
 
 @njit(cache=True)
-def claim_for_insert(rc: np.ndarray, held: np.ndarray, blocks: np.ndarray, start: int) -> tuple:
+def claim_for_insert(
+    rc: np.ndarray, held: np.ndarray, blocks: np.ndarray, start: int, stop: int
+) -> tuple:
     """Validate an insert's block table and mark the blocks it adopts as held.
 
-    Every block must be in range and allocated (reason 1); those from ``start``
-    on, which the cache adopts, must not be held by it already (reason 2) and
-    must be distinct (reason 3). Returns (0, -1) with ``held`` set for
-    ``blocks[start:]``, or (reason, index) with ``held`` exactly as it was.
+    Every block (all of ``blocks``, also past ``stop``) must be in range and
+    allocated (reason 1); those in ``[start, stop)``, which the cache adopts,
+    must not be held by it already (reason 2) and must be distinct (reason 3).
+    Returns (0, -1) with ``held`` set for ``blocks[start:stop]``, or (reason,
+    index) with ``held`` exactly as it was.
     """
     n = rc.size
     for i in range(blocks.size):
         b = blocks[i]
         if b < 0 or b >= n or rc[b] <= 0:
             return 1, i
-    for i in range(start, blocks.size):
+    for i in range(start, stop):
         b = blocks[i]
         if held[b]:
             reason = 2

@@ -9,13 +9,13 @@ passes bad arguments fails the same way with the cache on or off.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from dataclasses import replace
 
 import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.arrays import TokenSeq, as_token_array
+from radixkv.cache.arrays import BlockSeq, TokenSeq, as_token_array
 from radixkv.cache.protocol import check_insert_blocks, check_namespace, check_num_blocks
 from radixkv.cache.results import CacheStats, MatchResult
 
@@ -27,7 +27,9 @@ _EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
 class NullCache:
     """A prefix cache over a ``BlockAllocator`` that never caches a block.
 
-    It never holds a reference: every refcount is exactly the callers'.
+    It never holds a reference: every refcount is exactly the callers'. So it
+    does not claim its allocator (one cache per allocator counts real caches
+    only) and may sit beside a ``RadixCache`` or ``HashBlockCache`` on one.
     ``stats`` counts matches and query tokens (never a hit) and inserts
     (never an inserted token), so hit rates read 0.0 beside the real caches'.
 
@@ -69,6 +71,11 @@ class NullCache:
         return 0
 
     @property
+    def num_namespaces(self) -> int:
+        """Always 0: no namespace holds a block. Complexity: O(1)."""
+        return 0
+
+    @property
     def stats(self) -> CacheStats:
         """A snapshot of the counters."""
         return replace(self._stats)
@@ -99,11 +106,12 @@ class NullCache:
         check_namespace(namespace)
         return 0
 
-    def insert(self, tokens: TokenSeq, blocks: Iterable[int], namespace: Hashable = None) -> int:
+    def insert(self, tokens: TokenSeq, blocks: BlockSeq, namespace: Hashable = None) -> int:
         """Check the input as the real caches do, adopt nothing, return 0.
 
-        ``blocks`` needs at least ``len(tokens) // block_size`` entries, each
-        allocated (``ValueError``); ``TypeError`` for bad types. The caller's
+        ``blocks`` needs at least ``len(tokens) // block_size`` entries, every
+        one allocated (``ValueError``); ``TypeError`` for bad types (``blocks``
+        not an ordered sequence, an unhashable namespace). The caller's
         references are untouched: its ``decref`` frees every block. Counts the
         insert (with 0 inserted tokens) in ``stats``.
         Complexity: O(len(tokens) + len(blocks)) to check the input.
@@ -115,7 +123,10 @@ class NullCache:
         return 0
 
     def evict(self, num_blocks: int) -> int:
-        """0: nothing to free. ``TypeError`` / ``ValueError`` for a bad count. Complexity: O(1)."""
+        """0: nothing to free. Any int ``>= 0``; ``TypeError`` / ``ValueError`` for a bad count.
+
+        Complexity: O(1).
+        """
         check_num_blocks(num_blocks)
         return 0
 
@@ -123,7 +134,7 @@ class NullCache:
         """Nothing to let go of; stats are kept. Complexity: O(1)."""
 
     def check(self) -> None:
-        """Check the allocator's invariants (the cache has none of its own).
+        """Check the allocator's invariants (the cache has none of its own): ``InvariantError``.
 
         Complexity: O(num_blocks).
         """

@@ -20,17 +20,22 @@ Reference ownership, common to every implementation (docs/design.md):
 - ``peek``, ``held_blocks`` and the properties change nothing.
 - Every method validates its input first: on ``TypeError`` / ``ValueError``
   neither the cache nor any refcount has changed.
+- Namespaces are told apart by type and value (``namespace_key``): ``True``,
+  ``1`` and ``1.0`` are three namespaces. A namespace not equal to itself
+  (``float("nan")``) is refused. A namespace holding no block costs nothing:
+  the caches drop its state once its last block goes.
+- One cache per allocator (``BlockAllocator``'s module docstring).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.arrays import TokenSeq, as_block_array
+from radixkv.cache.arrays import BlockSeq, TokenSeq, as_block_array
 from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = [
@@ -39,6 +44,7 @@ __all__ = [
     "check_namespace",
     "check_num_blocks",
     "held_array",
+    "namespace_key",
     "release_held",
 ]
 
@@ -50,8 +56,9 @@ class PrefixCache(Protocol):
     ``tokens`` arguments accept a list/tuple of ints, a 1-D integer numpy
     array or a 1-D integer torch tensor (see ``radixkv.cache.arrays``); anything
     else raises ``TypeError`` / ``ValueError`` with the cache unchanged.
-    ``namespace`` is any hashable (a tenant, a LoRA adapter, a cache salt):
-    equal tokens under different namespaces never share blocks.
+    ``namespace`` is any hashable equal to itself (a tenant, a LoRA adapter,
+    a cache salt), told apart by type and value: equal tokens under different
+    namespaces never share blocks.
     """
 
     @property
@@ -87,11 +94,13 @@ class PrefixCache(Protocol):
         """
         ...
 
-    def insert(self, tokens: TokenSeq, blocks: Iterable[int], namespace: Hashable = None) -> int:
+    def insert(self, tokens: TokenSeq, blocks: BlockSeq, namespace: Hashable = None) -> int:
         """Cache the ``len(tokens) // block_size`` full blocks of ``tokens``.
 
-        ``blocks[i]`` holds tokens ``[i * bs, (i + 1) * bs)``; at least that
-        many entries, each allocated, distinct where adopted. Returns how many
+        ``blocks[i]`` holds tokens ``[i * bs, (i + 1) * bs)``: an ordered
+        sequence (list, tuple, 1-D integer array or tensor) of at least that
+        many entries, every entry allocated (also those past the full
+        blocks), distinct where adopted. Returns how many
         leading tokens were cached already (a multiple of ``block_size``).
         Ownership: the cache takes its own reference on each block it adopts;
         blocks whose content is already cached are not adopted. The caller's
@@ -104,8 +113,8 @@ class PrefixCache(Protocol):
         """Free at least ``num_blocks`` cached blocks if that many are evictable, else all it can.
 
         Returns the number of blocks freed. Never frees a block a request
-        holds. ``ValueError`` for a negative count, ``TypeError`` for a
-        non-int, before any change.
+        holds. Any int ``>= 0`` (``10**30`` too); ``ValueError`` for a
+        negative count, ``TypeError`` for a non-int, before any change.
         """
         ...
 
@@ -139,7 +148,11 @@ class PrefixCache(Protocol):
         ...
 
     def check(self) -> None:
-        """Assert every invariant of the structure; ``AssertionError`` naming the first broken."""
+        """Verify every invariant of the structure and its allocator.
+
+        Raises ``radixkv.cache.InvariantError`` (an ``AssertionError``) naming
+        the first broken one, also under ``python -O``.
+        """
         ...
 
 
@@ -148,12 +161,46 @@ class PrefixCache(Protocol):
 
 
 def check_namespace(namespace: object) -> Hashable:
-    """``namespace`` itself; ``TypeError`` naming its type if it is unhashable."""
+    """``namespace`` itself, checked: every namespace check of the package goes through here.
+
+    ``TypeError`` naming its type if it is unhashable; ``ValueError`` if it
+    (or an entry of a tuple/frozenset namespace) is not equal to itself, as
+    ``float("nan")``: such a namespace could never be found again.
+    Complexity: O(size of the namespace).
+    """
+    namespace_key(namespace)
+    return namespace
+
+
+def namespace_key(namespace: object) -> Hashable:
+    """The key a cache files ``namespace`` under: None for None, else its type and value.
+
+    ``True``, ``1`` and ``1.0`` are equal in Python but are three namespaces
+    here; tuples and frozensets are keyed entry by entry, so ``(1, "a")`` and
+    ``(True, "a")`` differ too. Raises as ``check_namespace``. Call it once
+    per cache call. Complexity: O(1) for None, str, int and the like;
+    O(size of the namespace) for a tuple.
+    """
+    if namespace is None:
+        return None
     try:
         hash(namespace)
     except TypeError:
         raise TypeError(f"namespace must be hashable, got {type(namespace).__name__}") from None
-    return namespace
+    return _typed_key(namespace, namespace)
+
+
+def _typed_key(value: object, namespace: object) -> Hashable:
+    t = type(value)
+    if isinstance(value, tuple):
+        return (t, tuple([_typed_key(v, namespace) for v in value]))
+    if isinstance(value, frozenset):
+        return (t, frozenset([_typed_key(v, namespace) for v in value]))
+    if not value == value:
+        raise ValueError(
+            f"namespace must be equal to itself, got {namespace!r} (it could never be matched)"
+        )
+    return (t, value)
 
 
 def check_num_blocks(num_blocks: object) -> None:
@@ -164,27 +211,32 @@ def check_num_blocks(num_blocks: object) -> None:
         raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
 
 
-def check_insert_blocks(
-    allocator: BlockAllocator, blocks: Iterable[int], num_tokens: int
-) -> np.ndarray:
+def check_insert_blocks(allocator: BlockAllocator, blocks: BlockSeq, num_tokens: int) -> np.ndarray:
     """The first ``num_tokens // block_size`` entries of an insert's ``blocks`` as int32.
 
-    ``ValueError`` if there are fewer, or one of those is out of range or free;
-    ``TypeError`` for non-integer blocks. Changes nothing. Complexity: O(len(blocks)).
+    ``blocks`` must be an ordered sequence (``as_block_array``; ``TypeError``
+    naming ``blocks`` otherwise). ``ValueError`` if it has fewer entries, or
+    any entry (also past the full blocks) is out of range or free, naming its
+    index and value. Changes nothing. Complexity: O(len(blocks)), vectorised.
     """
     bs = allocator.block_size
     n = num_tokens // bs
     blk = as_block_array(blocks)
     if len(blk) < n:
-        raise ValueError(f"insert of {num_tokens} tokens needs {n} blocks of {bs}, got {len(blk)}")
-    blk = blk[:n]
-    if n and (blk.min() < 0 or blk.max() >= allocator.num_blocks):
-        bad = int(blk[(blk < 0) | (blk >= allocator.num_blocks)][0])
-        raise ValueError(f"block {bad} out of range [0, {allocator.num_blocks})")
-    free = allocator.refcounts(blk) <= 0
-    if free.any():
-        raise ValueError(f"block {int(blk[np.argmax(free)])} is not allocated")
-    return blk
+        raise ValueError(
+            f"insert of {num_tokens} tokens needs {n} blocks of {bs}, got {len(blk)} in blocks"
+        )
+    if blk.size:
+        if blk.min() < 0 or blk.max() >= allocator.num_blocks:
+            i = int(np.flatnonzero((blk < 0) | (blk >= allocator.num_blocks))[0])
+            raise ValueError(
+                f"blocks[{i}] is block {int(blk[i])}, out of range [0, {allocator.num_blocks})"
+            )
+        free = allocator.refcounts(blk) <= 0
+        if free.any():
+            i = int(np.argmax(free))
+            raise ValueError(f"blocks[{i}] is block {int(blk[i])}, which is not allocated")
+    return blk[:n]
 
 
 def held_array(held: np.ndarray) -> np.ndarray:

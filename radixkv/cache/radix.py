@@ -23,27 +23,32 @@ child only forgets its entry; ``evict`` re-files an entry whose key went stale
 and drops one that is no longer its node's, and the index is rebuilt when such
 dead entries outnumber the live ones. Keys never decrease on a touch, so a
 stale entry always sorts at or before where it belongs.
+
+Each namespace has its own root, filed under ``namespace_key(namespace)``
+(type and value); a root goes as soon as its last child is evicted, so a
+namespace that holds no block (a per-request cache salt, say) costs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import replace
 
 import numpy as np
 from sortedcontainers import SortedList
 
 from radixkv.cache import kernels
-from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.allocator import BlockAllocator, invariant
 from radixkv.cache.arrays import (
     TOKEN_DTYPE,
+    BlockSeq,
     TokenSeq,
     as_block_array,
     as_token_array,
     common_prefix_len,
 )
-from radixkv.cache.eviction import EvictionOrder, make_eviction_order
-from radixkv.cache.protocol import check_namespace, check_num_blocks, held_array, release_held
+from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
+from radixkv.cache.protocol import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = ["CacheStats", "MatchResult", "RadixCache"]
@@ -77,12 +82,28 @@ class _Node:
         return np.frombuffer(self.key, dtype=TOKEN_DTYPE)
 
 
+class _Root(_Node):
+    """A namespace's root: no tokens, no blocks; knows its namespace so evict can drop it."""
+
+    __slots__ = ("namespace", "ns_key")
+
+    def __init__(self, namespace: Hashable, ns_key: Hashable, last_access: int) -> None:
+        super().__init__(b"", _EMPTY_BLOCKS, None, 0, last_access)
+        self.namespace = namespace  # as the caller gave it (for pretty)
+        self.ns_key = ns_key  # its key in _roots
+
+
 class RadixCache:
     """Block-level prefix cache over a ``BlockAllocator`` (SGLang-style radix tree).
 
     ``eviction`` is ``"level"`` (deepest leaves first, LRU within a depth),
     ``"lru"`` (least recently used leaf first) or an object with a
-    ``key(node)`` method (see ``radixkv.cache.eviction``).
+    ``key(node)`` method returning a tuple (see ``radixkv.cache.eviction``;
+    ``TypeError`` naming the order if its key of a fresh node is no tuple).
+
+    One cache per allocator: ``ValueError`` naming ``allocator`` if another
+    live cache already claimed it (see ``radixkv.cache.allocator``). When
+    this cache is garbage-collected its references go back to the allocator.
 
     >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
     >>> cache = RadixCache(alloc)
@@ -103,9 +124,10 @@ class RadixCache:
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
         self._alloc = allocator
         self._order = make_eviction_order(eviction)
+        check_key(self._order, self._order.key(_Node(b"", _EMPTY_BLOCKS, None, 0, 0)))
         self._bs = allocator.block_size
         self._block_bytes = self._bs * _TOKEN_BYTES
-        self._roots: dict[Hashable, _Node] = {}
+        self._roots: dict[Hashable, _Root] = {}  # namespace_key(namespace) -> root
         self._leaves = SortedList()
         self._num_dead = 0  # entries in _leaves whose node is no longer a leaf
         self._held = np.zeros(allocator.num_blocks, dtype=np.bool_)
@@ -114,6 +136,7 @@ class RadixCache:
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
         self._stats = CacheStats()
+        allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
     @property
@@ -173,6 +196,11 @@ class RadixCache:
     def num_nodes(self) -> int:
         """Nodes in the tree, roots excluded. Complexity: O(nodes)."""
         return sum(1 for _ in self._iter_nodes())
+
+    @property
+    def num_namespaces(self) -> int:
+        """Namespaces holding at least one block (each has a root). Complexity: O(1)."""
+        return len(self._roots)
 
     @property
     def stats(self) -> CacheStats:
@@ -256,50 +284,54 @@ class RadixCache:
         return pos // _TOKEN_BYTES
 
     # ----------------------------------------------------------------- insert
-    def insert(self, tokens: TokenSeq, blocks: Iterable[int], namespace: Hashable = None) -> int:
+    def insert(self, tokens: TokenSeq, blocks: BlockSeq, namespace: Hashable = None) -> int:
         """Cache the full blocks of ``tokens``; return how many leading tokens were cached already.
 
-        ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``; at least
-        ``len(tokens) // block_size`` entries, each allocated. The tree adopts
-        (takes its own reference on) the blocks past the already-cached prefix
-        and never touches the caller's references: the caller still owns and
-        must ``decref`` all of ``blocks``. Raises ``ValueError`` (too few
-        blocks, a free or out-of-range block, a repeated block, or a block the
-        tree already caches at another position) and ``TypeError``, before any
-        change.
+        ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``: an ordered
+        sequence (list, tuple, 1-D integer array or tensor) of at least
+        ``len(tokens) // block_size`` entries, every one allocated (also those
+        past the full blocks). The tree adopts (takes its own reference on)
+        the blocks past the already-cached prefix and never touches the
+        caller's references: the caller still owns and must ``decref`` all of
+        ``blocks``. Raises ``ValueError`` (too few blocks, a free or
+        out-of-range block, a repeated block, or a block the tree already
+        caches at another position, naming its index in ``blocks``) and
+        ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
+        non-integer input), before any change.
 
-        Complexity: as ``match`` for the walk, plus O(adopted blocks).
+        Complexity: as ``match`` for the walk, plus O(len(blocks)) to validate
+        (one compiled pass), plus O(adopted blocks).
         """
         arr = as_token_array(tokens)
-        root = self._root_of(namespace)
+        ns_key = namespace_key(namespace)
+        root = self._roots.get(ns_key)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
         blk = as_block_array(blocks)
         if len(blk) < n_blocks:
             raise ValueError(
-                f"insert of {len(arr)} tokens needs {n_blocks} blocks of {bs}, got {len(blk)}"
+                f"insert of {len(arr)} tokens needs {n_blocks} blocks of {bs}, "
+                f"got {len(blk)} in blocks"
             )
-        blk = blk[:n_blocks]
 
         # Walk without changing anything, so validation can still fail cleanly.
         path, pos, split_child, split_at = self._walk(root, arr)
         node = path[-1] if path else root
         num_cached = pos // bb
-        new = blk[num_cached:]
-        # Validates, and marks the adopted blocks held (undone if it fails).
-        reason, i = kernels.claim_for_insert(self._rc, self._held, blk, num_cached)
+        new = blk[num_cached:n_blocks]
+        # Validates all of blk, and marks the adopted blocks held (undone if it fails).
+        reason, i = kernels.claim_for_insert(self._rc, self._held, blk, num_cached, n_blocks)
         if reason:
             b = int(blk[i])
             if reason == 1 and not 0 <= b < self._alloc.num_blocks:
-                raise ValueError(f"block {b} out of range [0, {self._alloc.num_blocks})")
-            raise ValueError(
-                f"block {b} "
-                + {
-                    1: "is not allocated",
-                    2: "is already cached at another position",
-                    3: "repeats: blocks must be distinct",
+                why = f"out of range [0, {self._alloc.num_blocks})"
+            else:
+                why = {
+                    1: "not allocated",
+                    2: "already cached at another position",
+                    3: "a repeat: adopted blocks must be distinct",
                 }[reason]
-            )
+            raise ValueError(f"blocks[{i}] is block {b}, which is {why}")
 
         self._clock += 1
         clock = self._clock
@@ -308,7 +340,7 @@ class RadixCache:
         if root is None:
             if not new.size:
                 return num_cached * bs
-            root = self._roots[namespace] = _Node(b"", _EMPTY_BLOCKS, None, 0, clock)
+            root = self._roots[ns_key] = _Root(namespace, ns_key, clock)
             node = root
         for n in path:
             n.last_access = clock
@@ -336,7 +368,11 @@ class RadixCache:
         never freed and its node stays: a leaf whose last block is held is
         skipped; a leaf of which only a head part is held is split there and
         its free tail evicted. A parent becomes a candidate once its last child
-        is gone. Returns the number of blocks freed.
+        is gone; a namespace's root goes with its last child. Returns the
+        number of blocks freed. ``num_blocks`` is any int ``>= 0`` (``10**30``
+        too); ``ValueError`` / ``TypeError`` otherwise, before any change. A
+        custom order whose key is no tuple raises ``TypeError`` (what was
+        evicted before stays evicted; the index stays whole).
 
         Complexity: O((evicted + skipped leaves) * log leaves), plus O(blocks freed).
         """
@@ -347,36 +383,45 @@ class RadixCache:
         key = self._order.key
         freed = 0
         skipped = []
-        while freed < num_blocks and leaves:
-            entry = leaves.pop(0)
-            node = entry[-1]
-            if node.entry is not entry:  # dead: the node gained a child or was evicted
-                self._num_dead -= 1
-                continue
-            if entry[:-2] != key(node):  # touched since filed: re-file under its new key
-                self._index(node)
-                continue
-            busy = last_busy(rc, node.blocks)
-            if busy >= 0:
-                keep = busy + 1
-                if keep == len(node.blocks):
-                    skipped.append(entry)
+        try:  # an order whose key turns bad mid-way (TypeError) leaves the index whole
+            while freed < num_blocks and leaves:
+                entry = leaves.pop(0)
+                node = entry[-1]
+                if node.entry is not entry:  # dead: the node gained a child or was evicted
+                    self._num_dead -= 1
                     continue
-                # Only a head part is held (a request kept blocks across a reset or
-                # re-insert): split it off; the node object stays the free tail.
-                self._split(node, keep)
-            node.entry = None
-            parent = node.parent
-            del parent.children[node.key[:bb]]
-            node.parent = None
-            freed += alloc.decref_distinct(node.blocks)
-            kernels.set_flags(held, node.blocks, False)
-            self._num_cached -= len(node.blocks)
-            if parent.parent is not None and not parent.children:
-                self._index(parent)
-        for entry in skipped:
-            leaves.add(entry)
-        self._stats.evicted_blocks += freed
+                fresh = key(node)
+                if entry[:-2] != fresh:  # touched since filed: re-file under its new key
+                    if not isinstance(fresh, tuple):
+                        skipped.append(entry)  # back into the index whole, then raise
+                        check_key(self._order, fresh)
+                    self._index(node)
+                    continue
+                busy = last_busy(rc, node.blocks)
+                if busy >= 0:
+                    keep = busy + 1
+                    if keep == len(node.blocks):
+                        skipped.append(entry)
+                        continue
+                    # Only a head part is held (a request kept blocks across a reset or
+                    # re-insert): split it off; the node object stays the free tail.
+                    self._split(node, keep)
+                node.entry = None
+                parent = node.parent
+                del parent.children[node.key[:bb]]
+                node.parent = None
+                freed += alloc.decref_distinct(node.blocks)
+                kernels.set_flags(held, node.blocks, False)
+                self._num_cached -= len(node.blocks)
+                if not parent.children:
+                    if parent.parent is not None:
+                        self._index(parent)
+                    else:  # the namespace holds nothing more: forget it
+                        del self._roots[parent.ns_key]
+        finally:
+            for entry in skipped:
+                leaves.add(entry)
+            self._stats.evicted_blocks += freed
         return freed
 
     def reset(self) -> None:
@@ -392,9 +437,9 @@ class RadixCache:
         self._num_cached = 0
 
     # ------------------------------------------------------------- internals
-    def _root_of(self, namespace: Hashable) -> _Node | None:
-        """The namespace's root, None if it has none yet; ``TypeError`` if unhashable."""
-        return self._roots.get(check_namespace(namespace))
+    def _root_of(self, namespace: Hashable) -> _Root | None:
+        """The namespace's root, None if it holds nothing; raises as ``namespace_key``."""
+        return self._roots.get(namespace_key(namespace))
 
     def _walk(
         self, root: _Node | None, arr: np.ndarray
@@ -440,7 +485,7 @@ class RadixCache:
         itself becomes the tail, keeping its children (so they need no
         re-parenting), its depth_end and its leaf-index entry.
         """
-        bs, bb = self._bs, self._block_bytes
+        bb = self._block_bytes
         cut = k * bb
         parent = node.parent
         head = _Node(
@@ -455,12 +500,14 @@ class RadixCache:
         node.blocks = node.blocks[k:].copy()
         node.parent = head
         head.children[node.key[:bb]] = node
-        assert head.depth_end + len(node.blocks) * bs == node.depth_end
         return head
 
     def _index(self, node: _Node) -> None:
+        key = self._order.key(node)
+        if type(key) is not tuple:
+            check_key(self._order, key)
         self._uid += 1
-        node.entry = (*self._order.key(node), self._uid, node)
+        node.entry = (*key, self._uid, node)
         self._leaves.add(node.entry)
 
     def _forget_entry(self, node: _Node) -> None:
@@ -482,46 +529,75 @@ class RadixCache:
 
     # ------------------------------------------------------------ inspection
     def check(self) -> None:
-        """Assert the structural invariants (docs/design.md, 1-4, as far as the tree sees them).
+        """Verify the tree's invariants (docs/design.md, 1-4 and 7, as far as the tree sees them).
 
+        Raises ``InvariantError`` naming the first broken one (never built on
+        ``assert``: ``python -O`` checks too). Also checks the allocator.
         Complexity: O(nodes + cached blocks + num_blocks).
         """
         bb = self._block_bytes
+        key_of = self._order.key
         seen_blocks: list[np.ndarray] = []
         leaves = 0
-        for root in self._roots.values():
-            assert root.parent is None and root.key == b"" and root.depth_end == 0
-            assert root.entry is None, "a root is in the leaf index"
-            stack = [root]
+        for ns_key, root in self._roots.items():
+            invariant(
+                isinstance(root, _Root) and root.ns_key == ns_key,
+                f"root filed under {ns_key!r} is not that namespace's root",
+            )
+            invariant(
+                root.parent is None and root.key == b"" and root.depth_end == 0,
+                f"root of namespace {root.namespace!r} has a parent, tokens or depth",
+            )
+            invariant(root.entry is None, "a root is in the leaf index")
+            invariant(root.children, f"namespace {root.namespace!r} keeps an empty root")
+            stack: list[_Node] = [root]
             while stack:
                 node = stack.pop()
                 for key, child in node.children.items():
-                    assert child.parent is node, "child's parent pointer is wrong"
-                    assert len(child.key) > 0, "empty non-root node"
-                    assert len(child.key) % bb == 0, "node tokens not block-aligned"
-                    assert key == child.key[:bb], "child not keyed by its first block"
-                    assert len(child.blocks) * bb == len(child.key), "blocks != tokens / block_size"
-                    assert child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES
+                    invariant(child.parent is node, "child's parent pointer is wrong")
+                    invariant(len(child.key) > 0, "empty non-root node")
+                    invariant(len(child.key) % bb == 0, "node tokens not block-aligned")
+                    invariant(key == child.key[:bb], "child not keyed by its first block")
+                    invariant(
+                        len(child.blocks) * bb == len(child.key), "blocks != tokens / block_size"
+                    )
+                    invariant(
+                        child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES,
+                        "a node's depth_end is not its parent's plus its own tokens",
+                    )
                     stack.append(child)
                 if node is not root:
                     seen_blocks.append(node.blocks)
                     if node.children:
-                        assert node.entry is None, "an interior node is in the leaf index"
+                        invariant(node.entry is None, "an interior node is in the leaf index")
                     else:
                         leaves += 1
-                        assert node.entry is not None, "a leaf is missing from the leaf index"
-                        assert node.entry[:-2] <= self._order.key(node), "leaf-index key too big"
-                        assert node.entry in self._leaves
+                        invariant(node.entry is not None, "a leaf is missing from the leaf index")
+                        fresh = key_of(node)
+                        invariant(
+                            isinstance(fresh, tuple),
+                            f"eviction order {self._order!r} returned a {type(fresh).__name__}",
+                        )
+                        invariant(
+                            node.entry[:-2] <= fresh,
+                            f"a leaf's filed key {node.entry[:-2]} exceeds its fresh key {fresh}: "
+                            f"eviction order {self._order!r} lowered a key on a touch",
+                        )
+                        invariant(node.entry in self._leaves, "a leaf's entry is not in the index")
         dead = sum(1 for e in self._leaves if e[-1].entry is not e)
-        assert dead == self._num_dead, "dead leaf-index entries miscounted"
-        assert leaves == len(self._leaves) - dead, "leaf index misses leaves or has extras"
+        invariant(dead == self._num_dead, "dead leaf-index entries miscounted")
+        invariant(leaves == len(self._leaves) - dead, "leaf index misses leaves or has extras")
         blocks = np.concatenate(seen_blocks) if seen_blocks else _EMPTY_BLOCKS
-        assert len(np.unique(blocks)) == len(blocks), "a block is held by two nodes"
-        assert len(blocks) == self._num_cached, "cached_blocks count is off"
+        invariant(len(np.unique(blocks)) == len(blocks), "a block is held by two nodes")
+        invariant(len(blocks) == self._num_cached, "cached_blocks count is off")
+        invariant(
+            not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
+            "a node holds a block id out of range",
+        )
         held = np.zeros_like(self._held)
         held[blocks] = True
-        assert (held == self._held).all(), "held-block map disagrees with the tree"
-        assert (self._alloc.refcounts(blocks) >= 1).all(), "the tree holds a free block"
+        invariant((held == self._held).all(), "held-block map disagrees with the tree")
+        invariant((self._alloc.refcounts(blocks) >= 1).all(), "the tree holds a free block")
         self._alloc.check()
 
     def pretty(self, max_tokens: int = 8, max_blocks: int = 6) -> str:
@@ -530,8 +606,8 @@ class RadixCache:
             f"RadixCache(block_size={self._bs}, eviction={self.eviction!r}, "
             f"cached_blocks={self._num_cached}, free={self._alloc.num_free})"
         ]
-        for namespace, root in self._roots.items():
-            lines.append(f"namespace {namespace!r}")
+        for root in self._roots.values():
+            lines.append(f"namespace {root.namespace!r}")
             self._pretty_children(root, "", lines, max_tokens, max_blocks)
         return "\n".join(lines)
 

@@ -538,7 +538,7 @@ class Engine:
     # ------------------------------------------------------------ housekeeping
     def check(self) -> None:
         """Verify the scheduler's, the manager's (reference conservation), the cache's
-        and the allocator's invariants; ``AssertionError`` naming the first broken."""
+        and the allocator's invariants; ``InvariantError`` naming the first broken."""
         self.scheduler.check()
 
     def reset_cache(self) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.allocator import BlockAllocator, InvariantError
 from radixkv.cache.arrays import TokenSeq, as_token_array
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.null import NullCache
@@ -239,7 +239,7 @@ class KVCacheManager:
 
     # --------------------------------------------------------------- invariants
     def check(self) -> None:
-        """Verify reference conservation; ``AssertionError`` naming the first broken rule.
+        """Verify reference conservation; ``InvariantError`` naming the first broken rule.
 
         For every block: refcount == (tables holding it) + (1 if the cache holds
         it), so a block is free exactly when nobody holds it. Assumes the
@@ -252,16 +252,16 @@ class KVCacheManager:
         for request_id, entry in self._entries.items():
             table = np.asarray(entry.table, dtype=np.int64)
             if np.unique(table).size != table.size:
-                raise AssertionError(f"request {request_id!r}'s block table repeats a block")
+                raise InvariantError(f"request {request_id!r}'s block table repeats a block")
             if entry.num_cached_blocks > table.size:
-                raise AssertionError(f"request {request_id!r} claims more cached blocks than held")
+                raise InvariantError(f"request {request_id!r} claims more cached blocks than held")
             np.add.at(expected, table, 1)
         expected[self._cache.held_blocks()] += 1
         actual = alloc.refcount_array
         bad = np.flatnonzero(actual != expected)
         if bad.size:
             b = int(bad[0])
-            raise AssertionError(
+            raise InvariantError(
                 f"refcount of block {b} is {int(actual[b])}, but requests and the cache "
                 f"hold {int(expected[b])} references ({bad.size} blocks off)"
             )

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.allocator import BlockAllocator, InvariantError
 from radixkv.cache.protocol import PrefixCache
 from radixkv.engine.kv_manager import KVCacheManager
 from radixkv.engine.request import FinishReason, Request, RequestStatus
@@ -357,7 +357,7 @@ class Scheduler:
 
     # ---------------------------------------------------------- invariants
     def check(self) -> None:
-        """Verify the bookkeeping; ``AssertionError`` naming the first broken rule.
+        """Verify the bookkeeping; ``InvariantError`` naming the first broken rule.
 
         Running requests hold blocks covering their computed tokens; waiting
         ones hold none; at most ``max_num_seqs`` run; and (``kv_manager.check``) every
@@ -367,22 +367,22 @@ class Scheduler:
         kv = self.kv_manager
         for req in self.running:
             if req.status is not RequestStatus.RUNNING:
-                raise AssertionError(f"{req} is in the running queue")
+                raise InvariantError(f"{req} is in the running queue")
             if req.request_id not in kv:
-                raise AssertionError(f"{req} runs without blocks")
+                raise InvariantError(f"{req} runs without blocks")
             if len(kv.block_table(req.request_id)) * self.block_size < req.num_computed_tokens:
-                raise AssertionError(f"{req}'s blocks do not cover its computed tokens")
+                raise InvariantError(f"{req}'s blocks do not cover its computed tokens")
         for req in self.waiting:
             if req.status is not RequestStatus.WAITING:
-                raise AssertionError(f"{req} is in the waiting queue")
+                raise InvariantError(f"{req} is in the waiting queue")
             if req.request_id in kv or req.num_computed_tokens:
-                raise AssertionError(f"{req} waits while holding blocks")
+                raise InvariantError(f"{req} waits while holding blocks")
         if len(self.running) > self.config.max_num_seqs:
-            raise AssertionError("more requests run than max_num_seqs")
+            raise InvariantError("more requests run than max_num_seqs")
         if kv.num_requests != len(self.running):
-            raise AssertionError(f"kv holds {kv.num_requests} requests, {len(self.running)} run")
+            raise InvariantError(f"kv holds {kv.num_requests} requests, {len(self.running)} run")
         if len(self._unfinished) != len(self.running) + len(self.waiting) or any(
             self._unfinished.get(r.request_id) is not r for r in (*self.running, *self.waiting)
         ):
-            raise AssertionError("the id index does not match the waiting and running queues")
+            raise InvariantError("the id index does not match the waiting and running queues")
         kv.check()
