@@ -241,6 +241,7 @@ TIERS = {
     "radixkv.model": ("radixkv.model",),
     "radixkv.replay": ("radixkv.replay", "radixkv.cache"),
     "radixkv.engine": ("radixkv.engine", "radixkv.cache", "radixkv.model"),
+    "radixkv.fleet": ("radixkv.fleet", "radixkv.cache", "radixkv.replay"),
 }
 # The engine's bookkeeping (what a custom serving loop or a fleet simulator imports)
 # stays free of the model tier and of torch; only engine.engine runs the model.
@@ -262,7 +263,7 @@ def test_tier_imports_only_what_it_may(graph: list[Edge], tier: str) -> None:
     assert not bad, _report(f"{tier} may import only {', '.join(allowed)} from radixkv:", bad)
 
 
-@pytest.mark.parametrize("tier", ["radixkv.cache", "radixkv.replay"])
+@pytest.mark.parametrize("tier", ["radixkv.cache", "radixkv.replay", "radixkv.fleet"])
 def test_tier_never_imports_torch(graph: list[Edge], tier: str) -> None:
     bad = [e for e in graph if in_package(e.source, tier) and e.target.split(".")[0] == "torch"]
     assert not bad, _report(f"{tier} must not import torch:", bad)
