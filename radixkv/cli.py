@@ -23,7 +23,7 @@ from radixkv.replay.cli_types import one_line_errors
 
 __all__ = ["EXIT_BROKEN_PIPE", "build_parser", "main", "version"]
 
-_COMMAND_MODULES = ("radixkv.demo", "radixkv.replay.cli")
+_COMMAND_MODULES = ("radixkv.demo", "radixkv.replay.cli", "radixkv.fleet.cli")
 
 EXIT_BROKEN_PIPE = 141
 

@@ -134,6 +134,7 @@ def test_every_numeric_flag_rejects_minus_one(
         "demo": [],
         "replay": [str(tiny_trace), "--policy", "lru", "--capacity", "8"],
         "sweep": [str(tiny_trace), "--capacities", "8", "--csv", str(tmp_path / "o.csv")],
+        "route-sim": [str(tiny_trace), "--replicas", "2", "--capacity", "8"],
     }[command]
     assert exit_code([command, *base, flag, "-1"]) == 2
     out, err = capsys.readouterr()

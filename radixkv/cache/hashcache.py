@@ -48,6 +48,19 @@ extra key bytes and a count of the cached blocks its chains own (a block
 belongs to the namespace that inserted it: every name in a chain derives from
 the first block's extra). A namespace whose count falls to 0 is forgotten, so
 per-request cache salts leave nothing behind.
+
+KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.events``) use
+the ChainHasher's recipe, not the block names' (a router hashes requests with
+it, whatever cache a replica runs): the cache then keeps each cached block's
+event digest (block -> digest), computed when the block is adopted from the
+digest of the cached block before it (or the hasher's root and the
+namespace's extra keys for a first block). ``insert`` records one
+``BlockStored`` per contiguous run of adopted blocks (a run can start after a
+block that outlived its evicted parent), ``evict`` one ``BlockRemoved`` per
+block, ``reset`` one ``AllBlocksCleared``. Equal tokens and namespace give the
+same event hashes here as in ``RadixCache``. With events off (the default) no
+digest is kept and the only cost is one ``is None`` test on the insert, evict
+and reset paths.
 """
 
 from __future__ import annotations
@@ -62,6 +75,7 @@ import numpy as np
 from radixkv.cache.allocator import BlockAllocator, invariant
 from radixkv.cache.arrays import TOKEN_DTYPE, BlockSeq, TokenSeq, as_token_array
 from radixkv.cache.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
+from radixkv.cache.events import ChainHasher, EventLog, KVCacheEvent, namespace_extra_keys
 from radixkv.cache.protocol import (
     check_insert_blocks,
     check_num_blocks,
@@ -97,7 +111,10 @@ class HashBlockCache:
     (``radixkv.cache.protocol.PrefixCache``). ``hash_fn`` is ``"sha256"``,
     ``"xxhash"``, ``"builtin"`` or a callable ``f(parent, block_bytes, extra)``;
     ``hash_seed`` (str, bytes or int) fixes the root name so names are stable
-    across processes (sha256 / xxhash); None draws a random root.
+    across processes (sha256 / xxhash); None draws a random root. ``events``:
+    a ``ChainHasher`` turns KV cache events on (module docstring;
+    ``take_events``); None (the default) keeps them off at no cost.
+    ``TypeError`` naming ``events`` for anything else.
 
     One cache per allocator: ``ValueError`` naming ``allocator`` if another
     live cache already claimed it (see ``radixkv.cache.allocator``). When
@@ -122,9 +139,13 @@ class HashBlockCache:
         allocator: BlockAllocator,
         hash_fn: str | NameFn = "sha256",
         hash_seed: str | bytes | int | None = None,
+        *,
+        events: ChainHasher | None = None,
     ) -> None:
         if not isinstance(allocator, BlockAllocator):
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        if events is not None and not isinstance(events, ChainHasher):
+            raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
         self._hasher = BlockHasher(hash_fn, hash_seed)
         self._alloc = allocator
         self._bs = allocator.block_size
@@ -146,6 +167,9 @@ class HashBlockCache:
         # The names the last match computed: (extra, token bytes they cover, names). The
         # serving loop inserts right after it matched, so insert re-hashes nothing it named.
         self._memo: tuple[bytes, bytes, list[BlockName]] = (b"", b"", [])
+        # With events on: the log and each cached block's event digest (block -> digest).
+        self._events = None if events is None else EventLog(events, allocator.block_size)
+        self._digests: dict[int, bytes] | None = None if events is None else {}
         allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
@@ -160,6 +184,18 @@ class HashBlockCache:
     @property
     def hash_fn(self) -> str | NameFn:
         return self._hasher.hash_fn
+
+    @property
+    def events_hasher(self) -> ChainHasher | None:
+        """The ``ChainHasher`` the events are hashed with; None when events are off."""
+        return None if self._events is None else self._events.hasher
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The pending KV cache events, oldest first, and forget them; [] when events are off.
+
+        Complexity: O(1).
+        """
+        return [] if self._events is None else self._events.take()
 
     @property
     def cached_blocks(self) -> int:
@@ -345,9 +381,11 @@ class HashBlockCache:
         ``ValueError`` (too few blocks, a free or out-of-range block, a
         repeated block, or a block already cached under another name) and
         ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
-        non-integer input), before any change.
+        non-integer input), before any change. With events on, records one
+        ``BlockStored`` per contiguous run of adopted blocks.
 
-        Complexity: O(full blocks) hashes and dict operations.
+        Complexity: O(full blocks) hashes and dict operations (with events on,
+        plus the event hashing of the adopted blocks' tokens).
         """
         arr = as_token_array(tokens)
         ns_key = namespace_key(namespace)
@@ -414,12 +452,48 @@ class HashBlockCache:
             else:
                 move(block)
         if new.size:
+            if self._events is not None:
+                self._stored(arr, adopt, found, blk_list, rec.namespace)
             self._alloc.incref_distinct(new)
             self._held[new] = True
             self._block_ns[new] = rec.slot
             rec.num_blocks += int(new.size)
             stats.inserted_tokens += int(new.size) * bs
         return num_cached * bs
+
+    def _stored(
+        self,
+        arr: np.ndarray,
+        adopt: list[int],
+        found: list[int | None],
+        blk_list: list[int],
+        namespace: Hashable,
+    ) -> None:
+        """Digest the adopted blocks (positions ``adopt``, ascending); record ``BlockStored``s.
+
+        One event per contiguous run; a run after position 0 chains from the
+        digest of the cached block before it (``found``).
+        """
+        log, digests, bs = self._events, self._digests, self._bs
+        hasher = log.hasher
+        k = 0
+        while k < len(adopt):
+            first = adopt[k]
+            last = first
+            k += 1
+            while k < len(adopt) and adopt[k] == last + 1:
+                last = adopt[k]
+                k += 1
+            if first == 0:
+                start, parent, extra = hasher.root, None, namespace_extra_keys(namespace)
+            else:
+                parent = start = digests[found[first - 1]]
+                extra = None
+            tokens = arr[first * bs : (last + 1) * bs]
+            run = hasher.hashes(start, tokens, bs, extra)
+            for pos, digest in enumerate(run, first):
+                digests[blk_list[pos]] = digest
+            log.stored(run, parent, tokens, extra)
 
     # ------------------------------------------------------------------ evict
     def evict(self, num_blocks: int) -> int:
@@ -428,7 +502,8 @@ class HashBlockCache:
         Blocks a request holds (refcount > 1) are skipped and stay cached.
         Returns the number of blocks freed. ``num_blocks`` is any int ``>= 0``
         (``10**30`` too); ``ValueError`` / ``TypeError`` otherwise, before any
-        change. A namespace left with no block is forgotten.
+        change. A namespace left with no block is forgotten. With events on,
+        records one ``BlockRemoved`` per evicted block.
 
         Complexity: O(num_blocks + skipped in-use blocks), refcounts read in
         vectorised chunks.
@@ -459,6 +534,9 @@ class HashBlockCache:
             tokens_of.pop(block, None)
         if out.size:
             self._release_blocks(out)
+            if self._events is not None:
+                pop = self._digests.pop
+                self._events.removed([pop(block) for block in out.tolist()])
         self._held[out] = False
         freed = self._alloc.decref_distinct(out)
         self._stats.evicted_blocks += freed
@@ -468,9 +546,13 @@ class HashBlockCache:
         """Drop the cache's reference on every block it holds and forget every name.
 
         Blocks no request holds become free; requests keep theirs. Stats are kept.
+        With events on, records one ``AllBlocksCleared`` (and nothing per block).
         Complexity: O(cached blocks).
         """
         release_held(self._alloc, self._held)
+        if self._events is not None:
+            self._events.cleared()
+            self._digests.clear()
         self._by_name.clear()
         self._queue.clear()
         self._tokens.clear()
@@ -505,6 +587,15 @@ class HashBlockCache:
             invariant(all(len(t) == self._bb for t in self._tokens.values()), "bad token bytes")
         else:
             invariant(not self._tokens, "token bytes kept without verification")
+        if self._events is None:
+            invariant(self._digests is None, "event digests kept with events off")
+        else:
+            invariant(self._digests.keys() == queue.keys(), "an event digest missing for a block")
+            dsz = len(self._events.hasher.root)
+            invariant(
+                all(type(d) is bytes and len(d) == dsz for d in self._digests.values()),
+                "a cached block's event digest is no digest",
+            )
         slots = self._block_ns[blocks]
         invariant(
             not slots.size or (slots.min() >= 0 and slots.max() < len(self._slots)),

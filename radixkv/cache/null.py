@@ -16,6 +16,7 @@ import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import BlockSeq, TokenSeq, as_token_array
+from radixkv.cache.events import ChainHasher, KVCacheEvent
 from radixkv.cache.protocol import check_insert_blocks, check_namespace, check_num_blocks
 from radixkv.cache.results import CacheStats, MatchResult
 
@@ -79,6 +80,15 @@ class NullCache:
     def stats(self) -> CacheStats:
         """A snapshot of the counters."""
         return replace(self._stats)
+
+    @property
+    def events_hasher(self) -> ChainHasher | None:
+        """Always None: the cache publishes no KV cache events."""
+        return None
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Always []: no block ever enters or leaves. Complexity: O(1)."""
+        return []
 
     def held_blocks(self) -> np.ndarray:
         """A new empty int32 array: the cache holds nothing. Complexity: O(1)."""

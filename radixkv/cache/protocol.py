@@ -25,6 +25,15 @@ Reference ownership, common to every implementation (docs/design.md):
   (``float("nan")``) is refused. A namespace holding no block costs nothing:
   the caches drop its state once its last block goes.
 - One cache per allocator (``BlockAllocator``'s module docstring).
+
+KV cache events are an optional extension, not part of the protocol (a
+user's cache satisfies it without them): ``RadixCache`` and
+``HashBlockCache`` built with ``events=ChainHasher(...)`` record what enters
+and leaves them (``radixkv.cache.events``) and hand it out with
+``take_events() -> list[KVCacheEvent]``; ``events_hasher`` is that
+``ChainHasher`` (None when off). Every built-in cache, ``NullCache`` too,
+has both (``take_events()`` is ``[]`` with events off), so a caller may use
+``getattr(cache, "take_events", None)`` for any other cache.
 """
 
 from __future__ import annotations

@@ -27,6 +27,16 @@ stale entry always sorts at or before where it belongs.
 Each namespace has its own root, filed under ``namespace_key(namespace)``
 (type and value); a root goes as soon as its last child is evicted, so a
 namespace that holds no block (a per-request cache salt, say) costs nothing.
+
+KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.events``): each
+node then also keeps its blocks' chained digests, concatenated in one bytes
+object parallel to ``blocks`` (split with it); the digest of a node's last
+block is the parent of its children's chains. ``insert`` hashes only the
+blocks it adopts and records one ``BlockStored``; ``evict`` one
+``BlockRemoved`` per block that leaves; ``reset`` one ``AllBlocksCleared``. A
+split moves no block, so it records nothing. With events off (the default)
+nodes keep no digest and the only cost is one ``is None`` test on the insert,
+split, evict and reset paths.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from radixkv.cache.arrays import (
     as_token_array,
     common_prefix_len,
 )
+from radixkv.cache.events import ChainHasher, EventLog, KVCacheEvent, namespace_extra_keys
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
 from radixkv.cache.protocol import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
@@ -58,9 +69,22 @@ _EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
 
 
 class _Node:
-    """A run of tokens and its blocks. ``entry`` is its key in the leaf index, None when absent."""
+    """A run of tokens and its blocks. ``entry`` is its key in the leaf index, None when absent.
 
-    __slots__ = ("key", "blocks", "children", "parent", "depth_end", "last_access", "entry")
+    ``digests`` is None with events off; with events on, the blocks' chained
+    event digests concatenated (``digest_size`` bytes per block, in order).
+    """
+
+    __slots__ = (
+        "key",
+        "blocks",
+        "children",
+        "parent",
+        "depth_end",
+        "last_access",
+        "entry",
+        "digests",
+    )
 
     def __init__(
         self,
@@ -69,6 +93,7 @@ class _Node:
         parent: _Node | None,
         depth_end: int,
         last_access: int,
+        digests: bytes | None = None,
     ) -> None:
         self.key = key  # the node's tokens: int32 bytes, block-aligned
         self.blocks = blocks  # int32 array, one block per block_size tokens
@@ -77,6 +102,7 @@ class _Node:
         self.depth_end = depth_end  # tokens from the root to the end of this node
         self.last_access = last_access
         self.entry: tuple | None = None
+        self.digests = digests
 
     def tokens(self) -> np.ndarray:
         return np.frombuffer(self.key, dtype=TOKEN_DTYPE)
@@ -101,6 +127,10 @@ class RadixCache:
     ``key(node)`` method returning a tuple (see ``radixkv.cache.eviction``;
     ``TypeError`` naming the order if its key of a fresh node is no tuple).
 
+    ``events``: a ``ChainHasher`` turns KV cache events on (module docstring;
+    ``take_events``); None (the default) keeps them off at no cost.
+    ``TypeError`` naming ``events`` for anything else.
+
     One cache per allocator: ``ValueError`` naming ``allocator`` if another
     live cache already claimed it (see ``radixkv.cache.allocator``). When
     this cache is garbage-collected its references go back to the allocator.
@@ -119,9 +149,17 @@ class RadixCache:
     0
     """
 
-    def __init__(self, allocator: BlockAllocator, eviction: str | EvictionOrder = "level") -> None:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        eviction: str | EvictionOrder = "level",
+        *,
+        events: ChainHasher | None = None,
+    ) -> None:
         if not isinstance(allocator, BlockAllocator):
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        if events is not None and not isinstance(events, ChainHasher):
+            raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
         self._alloc = allocator
         self._order = make_eviction_order(eviction)
         check_key(self._order, self._order.key(_Node(b"", _EMPTY_BLOCKS, None, 0, 0)))
@@ -136,6 +174,8 @@ class RadixCache:
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
         self._stats = CacheStats()
+        self._events = None if events is None else EventLog(events, allocator.block_size)
+        self._dsz = 0 if events is None else len(events.root)  # bytes per digest
         allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
@@ -150,6 +190,18 @@ class RadixCache:
     @property
     def eviction(self) -> str:
         return getattr(self._order, "name", type(self._order).__name__)
+
+    @property
+    def events_hasher(self) -> ChainHasher | None:
+        """The ``ChainHasher`` the events are hashed with; None when events are off."""
+        return None if self._events is None else self._events.hasher
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The pending KV cache events, oldest first, and forget them; [] when events are off.
+
+        Complexity: O(1).
+        """
+        return [] if self._events is None else self._events.take()
 
     @property
     def cached_blocks(self) -> int:
@@ -299,8 +351,11 @@ class RadixCache:
         ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
         non-integer input), before any change.
 
+        With events on, records one ``BlockStored`` for the adopted blocks.
+
         Complexity: as ``match`` for the walk, plus O(len(blocks)) to validate
-        (one compiled pass), plus O(adopted blocks).
+        (one compiled pass), plus O(adopted blocks) (and, with events on, the
+        hashing of the adopted blocks' tokens).
         """
         arr = as_token_array(tokens)
         ns_key = namespace_key(namespace)
@@ -348,8 +403,10 @@ class RadixCache:
             if split_child is not None:
                 node = self._split(split_child, split_at)
                 node.last_access = clock
-            data = arr[pos // _TOKEN_BYTES : n_blocks * bs].tobytes()
-            leaf = _Node(data, new.copy(), node, node.depth_end + len(new) * bs, clock)
+            added = arr[pos // _TOKEN_BYTES : n_blocks * bs]
+            data = added.tobytes()
+            digests = None if self._events is None else self._stored(node, added)
+            leaf = _Node(data, new.copy(), node, node.depth_end + len(new) * bs, clock, digests)
             if node.entry is not None:
                 self._forget_entry(node)
             node.children[data[:bb]] = leaf
@@ -372,7 +429,8 @@ class RadixCache:
         number of blocks freed. ``num_blocks`` is any int ``>= 0`` (``10**30``
         too); ``ValueError`` / ``TypeError`` otherwise, before any change. A
         custom order whose key is no tuple raises ``TypeError`` (what was
-        evicted before stays evicted; the index stays whole).
+        evicted before stays evicted; the index stays whole). With events on,
+        records one ``BlockRemoved`` per block that leaves the tree.
 
         Complexity: O((evicted + skipped leaves) * log leaves), plus O(blocks freed).
         """
@@ -381,6 +439,7 @@ class RadixCache:
         rc = alloc.refcount_array
         last_busy = kernels.last_busy
         key = self._order.key
+        log = self._events
         freed = 0
         skipped = []
         try:  # an order whose key turns bad mid-way (TypeError) leaves the index whole
@@ -411,6 +470,8 @@ class RadixCache:
                 del parent.children[node.key[:bb]]
                 node.parent = None
                 freed += alloc.decref_distinct(node.blocks)
+                if log is not None:
+                    log.removed(self._digest_list(node.digests))
                 kernels.set_flags(held, node.blocks, False)
                 self._num_cached -= len(node.blocks)
                 if not parent.children:
@@ -428,15 +489,45 @@ class RadixCache:
         """Drop the tree's reference on every block it holds and empty the tree.
 
         Blocks no request holds become free; requests keep theirs. Stats are kept.
+        With events on, records one ``AllBlocksCleared`` (and nothing per block).
         Complexity: O(cached blocks).
         """
         release_held(self._alloc, self._held)
+        if self._events is not None:
+            self._events.cleared()
         self._roots.clear()
         self._leaves.clear()
         self._num_dead = 0
         self._num_cached = 0
 
     # ------------------------------------------------------------- internals
+    def _chain_start(self, node: _Node) -> tuple[bytes, bytes | None, tuple | None]:
+        """Where a chain below ``node`` starts: (parent digest to hash from, event parent, extra).
+
+        Below a root: the hasher's root, no event parent, the namespace's extra
+        keys; below any other node: its last block's digest, twice, no extra.
+        """
+        if node.parent is None:
+            assert isinstance(node, _Root)
+            return self._events.hasher.root, None, namespace_extra_keys(node.namespace)
+        last = node.digests[-self._dsz :]
+        return last, last, None
+
+    def _stored(self, node: _Node, tokens: np.ndarray) -> bytes:
+        """Hash the blocks of ``tokens`` adopted below ``node``; record a ``BlockStored``.
+
+        Returns their digests concatenated (the new leaf's ``digests``).
+        """
+        start, parent, extra = self._chain_start(node)
+        log = self._events
+        digests = log.hasher.hashes(start, tokens, self._bs, extra)
+        log.stored(digests, parent, tokens, extra)
+        return b"".join(digests)
+
+    def _digest_list(self, digests: bytes) -> list[bytes]:
+        dsz = self._dsz
+        return [digests[i : i + dsz] for i in range(0, len(digests), dsz)]
+
     def _root_of(self, namespace: Hashable) -> _Root | None:
         """The namespace's root, None if it holds nothing; raises as ``namespace_key``."""
         return self._roots.get(namespace_key(namespace))
@@ -498,6 +589,11 @@ class RadixCache:
         parent.children[node.key[:bb]] = head
         node.key = node.key[cut:]
         node.blocks = node.blocks[k:].copy()
+        digests = node.digests
+        if digests is not None:  # events on: the digests split with the blocks
+            dcut = k * self._dsz
+            head.digests = digests[:dcut]
+            node.digests = digests[dcut:]
         node.parent = head
         head.children[node.key[:bb]] = node
         return head
@@ -532,10 +628,15 @@ class RadixCache:
         """Verify the tree's invariants (docs/design.md, 1-4 and 7, as far as the tree sees them).
 
         Raises ``InvariantError`` naming the first broken one (never built on
-        ``assert``: ``python -O`` checks too). Also checks the allocator.
-        Complexity: O(nodes + cached blocks + num_blocks).
+        ``assert``: ``python -O`` checks too). Also checks the allocator. With
+        events on, also that every node's digests are a fresh recomputation of
+        its chain from its parent's last digest (the root's: the hasher's root
+        and the namespace's extra keys); with events off, that no node keeps any.
+        Complexity: O(nodes + cached blocks + num_blocks), plus hashing every
+        cached token with events on.
         """
         bb = self._block_bytes
+        log = self._events
         key_of = self._order.key
         seen_blocks: list[np.ndarray] = []
         leaves = 0
@@ -565,6 +666,15 @@ class RadixCache:
                         child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES,
                         "a node's depth_end is not its parent's plus its own tokens",
                     )
+                    if log is None:
+                        invariant(child.digests is None, "a node keeps digests with events off")
+                    else:
+                        start, _, extra = self._chain_start(node)
+                        fresh_digests = log.hasher.hashes(start, child.tokens(), self._bs, extra)
+                        invariant(
+                            child.digests == b"".join(fresh_digests),
+                            "a node's event digests are not its chain's hashes",
+                        )
                     stack.append(child)
                 if node is not root:
                     seen_blocks.append(node.blocks)

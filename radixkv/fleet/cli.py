@@ -1,0 +1,272 @@
+"""``radixkv route-sim``: routers compared on a simulated fleet (:mod:`radixkv.fleet.sim`).
+
+Every flag and output path is checked before anything runs; bad input exits 2
+with one line on stderr. ``--json`` prints one object keyed by router name;
+otherwise a table. ``--csv`` writes the rows, ``--png`` a bar chart (needs
+matplotlib: without it ``--png`` is bad input). A tqdm bar goes to stderr
+unless ``--no-progress``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+
+from radixkv.fleet.sim import (
+    ServiceModel,
+    SimClock,
+    SimRequest,
+    build_router,
+    requests_from_trace,
+    simulate,
+    single_cache_hit_rate,
+)
+from radixkv.fleet.workloads import SYNTHETIC_WORKLOADS, grouped_prompts, hot_prompt
+from radixkv.replay.cli_types import fail, int_in, one_line_errors, positive_int
+from radixkv.replay.trace import TraceError, load_trace
+
+__all__ = ["register", "run_route_sim"]
+
+PROG = "radixkv route-sim"
+_COLUMNS = (
+    "hit_rate",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "max_mean_load",
+    "max_mean_busy",
+    "regret",
+    "decision_us_p50",
+    "decision_us_p99",
+    "index_memory_bytes",
+)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _nonneg_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text!r}")
+    return value
+
+
+def _router_names(text: str) -> list[str]:
+    from radixkv.fleet.router import ROUTERS
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one router")
+    for n in names:
+        if n not in ROUTERS:
+            raise argparse.ArgumentTypeError(
+                f"router must be one of {', '.join(ROUTERS)}, got {n!r}"
+            )
+    return list(dict.fromkeys(names))
+
+
+def _output_problem(flag: str, path: str, suffix: str) -> str | None:
+    if not path.lower().endswith(suffix):
+        return f"{flag}: the file name must end in {suffix}, got {path!r}"
+    if os.path.isdir(path):
+        return f"{flag}: {path!r} is a directory"
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        return f"{flag}: directory {parent!r} does not exist (for {path!r})"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag}: directory {parent!r} is not writable (for {path!r})"
+    return None
+
+
+def _can_plot() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _requests(args: argparse.Namespace) -> list[SimRequest] | int:
+    if args.synthetic == "groups":
+        per = max(1, args.requests // args.groups)
+        return grouped_prompts(args.groups, per, system_len=args.system_len, seed=args.seed)
+    if args.synthetic == "hot":
+        return hot_prompt(
+            args.requests,
+            hot_fraction=args.hot_fraction,
+            system_len=args.system_len,
+            seed=args.seed,
+        )
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as exc:
+        return fail(PROG, str(exc))
+    except OSError as exc:
+        return fail(PROG, f"cannot read trace {args.trace}: {exc.strerror or exc}")
+    if trace.num_requests == 0:
+        return fail(PROG, f"trace {trace.source} has no requests")
+    return requests_from_trace(trace, args.limit)
+
+
+def _plot(results: dict[str, dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    panels = (
+        ("hit_rate", "token hit rate"),
+        ("ttft_p90", "TTFT p90 (s)"),
+        ("max_mean_load", "max/mean load"),
+        ("regret", "regret"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ax.bar(names, [results[n][key] for n in names], color="tab:blue")
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=45)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_route_sim(args: argparse.Namespace) -> int:
+    """Simulate the fleet once per router; print JSON or a table. Returns the exit code."""
+    if (args.trace is None) == (args.synthetic is None):
+        return fail(PROG, "give a TRACE or --synthetic (one of them)")
+    try:
+        routers = _router_names(args.routers)
+    except argparse.ArgumentTypeError as exc:
+        return fail(PROG, f"--routers: {exc}")
+    for flag, path, suffix in (("--csv", args.csv, ".csv"), ("--png", args.png, ".png")):
+        problem = path and _output_problem(flag, path, suffix)
+        if problem:
+            return fail(PROG, problem)
+    if args.png and not _can_plot():
+        return fail(PROG, "--png needs matplotlib: pip install 'radixkv[plot]'")
+    reqs = _requests(args)
+    if isinstance(reqs, int):
+        return reqs
+    if args.synthetic and args.limit:
+        reqs = reqs[: args.limit]
+    service = ServiceModel()
+    baseline = single_cache_hit_rate(reqs, args.capacity * args.replicas, eviction=args.eviction)
+    results: dict[str, dict] = {}
+    for name in routers:
+        clock = SimClock(scale=args.rate)
+        router = build_router(name, clock, seed=args.seed)
+        res = simulate(
+            reqs,
+            router,
+            num_replicas=args.replicas,
+            capacity_blocks=args.capacity,
+            service=service,
+            rate=args.rate,
+            event_delay=args.event_delay,
+            eviction=args.eviction,
+            clock=clock,
+            progress=not args.no_progress,
+        )
+        row = res.to_dict()
+        row["single_cache_hit_rate"] = baseline
+        row["vs_single_cache"] = res.hit_rate / baseline if baseline else float("nan")
+        results[name] = row
+    try:
+        if args.csv:
+            with open(args.csv, "w", newline="") as f:
+                fields = ["router", *[k for k in results[routers[0]] if k != "router"]]
+                w = csv.DictWriter(f, fieldnames=fields)
+                w.writeheader()
+                w.writerows(results.values())
+        if args.png:
+            src = args.synthetic or os.path.basename(args.trace)
+            _plot(results, args.png, f"{src}: {args.replicas} replicas x {args.capacity} blocks")
+    except OSError as exc:
+        return fail(PROG, f"cannot write output: {exc}")
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    width = max(len("router"), *(len(n) for n in routers))
+    print(
+        f"single cache with the fleet's capacity ({args.capacity * args.replicas} blocks): "
+        f"hit rate {baseline:.4f}"
+    )
+    print(f"{'router':<{width}} " + " ".join(f"{c:>12}" for c in ("vs_single", *_COLUMNS)))
+    for name, row in results.items():
+        cells = [row["vs_single_cache"], *(row[c] for c in _COLUMNS)]
+        print(f"{name:<{width}} " + " ".join(f"{v:>12.4g}" for v in cells))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``route-sim`` subcommand (``func(args)`` returns the exit code)."""
+    p = subparsers.add_parser(
+        "route-sim",
+        help="compare routers on a simulated fleet of radix caches (a trace or synthetic)",
+        description="Simulate N replicas, each a radix cache with a FIFO queue and a service "
+        "model calibrated on SmolLM2-135M on a CPU, behind each router in turn; print one row "
+        "per router (hit rate, TTFT, load balance, regret, decision time).",
+    )
+    one_line_errors(p)
+    p.add_argument("trace", nargs="?", help="Mooncake JSONL trace (or give --synthetic)")
+    p.add_argument("--replicas", type=int_in(1, 4096), required=True, help="replicas, >= 1")
+    p.add_argument(
+        "--capacity", type=positive_int, required=True, help="blocks per replica (trace blocks)"
+    )
+    p.add_argument(
+        "--routers",
+        default="round_robin,least_loaded,pow2,session,chwbl,approx,exact",
+        help="comma-separated router names (default: all)",
+    )
+    p.add_argument(
+        "--rate",
+        type=_positive_float,
+        default=1.0,
+        help="arrival speed multiplier: 2 = twice as fast as the trace (default 1)",
+    )
+    p.add_argument("--limit", type=positive_int, help="only the first N requests")
+    p.add_argument(
+        "--event-delay",
+        type=_nonneg_float,
+        default=0.0,
+        help="simulated seconds before a replica's KV events reach the router (default 0)",
+    )
+    p.add_argument("--eviction", choices=("lru", "level"), default="lru")
+    p.add_argument("--seed", type=int_in(0), default=0, help="seed for random routers/workloads")
+    p.add_argument("--synthetic", choices=SYNTHETIC_WORKLOADS, help="a synthetic workload")
+    p.add_argument("--requests", type=positive_int, default=1000, help="synthetic: requests")
+    p.add_argument("--groups", type=positive_int, default=16, help="synthetic groups: groups")
+    p.add_argument(
+        "--system-len", type=int_in(0), default=8, help="synthetic: system prompt blocks"
+    )
+    p.add_argument(
+        "--hot-fraction", type=_fraction, default=0.9, help="synthetic hot: share of hot prompt"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object keyed by router")
+    p.add_argument("--csv", help="also write the rows to this .csv")
+    p.add_argument("--png", help="also write a bar chart to this .png (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_route_sim)

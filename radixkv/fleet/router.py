@@ -1,0 +1,551 @@
+"""Routing policies: which replica a request goes to (the :class:`~radixkv.fleet.protocol.Router`
+surface).
+
+Baselines that ignore the caches: ``round_robin``, ``least_loaded`` (fewest
+in flight), ``pow2`` (the better of two random picks), ``session`` (a session
+sticks to its first replica) and ``chwbl`` (KubeAI's consistent hashing with
+bounded loads on the prompt's first block). Prefix-aware: ``approx`` (an
+:class:`~radixkv.fleet.index.ApproxIndex` learned from its own decisions) and
+``exact`` (an :class:`~radixkv.fleet.index.ExactIndex` fed by the replicas' KV
+events, with speculative entries), both scored by :class:`LoadAwareScoring`.
+
+``make_router(name, block_size=..., ...)`` builds one by name; ``ROUTERS``
+maps each name to its class. Every class takes the keywords ``block_size``,
+``hasher`` and ``seed`` (see :func:`make_router`) plus its own options. Every
+policy reads load from the ``ReplicaState`` it is given (the caller keeps
+``in_flight`` current) and keeps no request count of its own; the
+prefix-aware ones also sum the prompt blocks of the requests they have in
+flight per replica (``choose`` adds, ``on_finish`` subtracts) to size the
+decode load. Not thread-safe: one caller, or one lock around each call.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import xxhash
+
+from radixkv.cache.events import ChainHasher, KVCacheEvent, namespace_extra_keys
+from radixkv.fleet.index import ApproxIndex, Clock, ExactIndex, chain_hashes
+from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
+
+__all__ = [
+    "ROUTERS",
+    "ApproxPrefixRouter",
+    "CHWBLRouter",
+    "ExactPrefixRouter",
+    "LeastLoadedRouter",
+    "LoadAwareScoring",
+    "PowerOfTwoRouter",
+    "RoundRobinRouter",
+    "SessionRouter",
+    "make_router",
+]
+
+
+def _check_replicas(replicas: Sequence[ReplicaState]) -> None:
+    if not replicas:
+        raise ValueError(f"replicas must not be empty, got {replicas!r}")
+
+
+def _least_loaded(replicas: Sequence[ReplicaState]) -> ReplicaState:
+    """The replica with the fewest in flight, then the fewest waiting, then the first."""
+    best = replicas[0]
+    for r in replicas:
+        if r.in_flight < best.in_flight or (
+            r.in_flight == best.in_flight and r.waiting < best.waiting
+        ):
+            best = r
+    return best
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+class _BaseRouter:
+    """What every policy shares: ``block_size``, ``hasher``, ``seed`` and the no-op hooks.
+
+    ``ValueError`` naming the argument for a ``block_size`` below 1, a
+    ``hasher`` that is not a ``ChainHasher`` or a ``seed`` that is not an int.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(
+        self, *, block_size: int, hasher: ChainHasher | None = None, seed: int = 0
+    ) -> None:
+        self.block_size = _check_int("block_size", block_size, 1)
+        if hasher is not None and not isinstance(hasher, ChainHasher):
+            raise ValueError(f"hasher must be a ChainHasher or None, got {hasher!r}")
+        self.hasher = ChainHasher("xxhash", seed=0) if hasher is None else hasher
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.seed = seed
+
+    def on_events(self, replica_id: Hashable, events: Sequence[KVCacheEvent]) -> None:
+        """Ignored: this policy keeps no index of the replicas' caches."""
+
+    def on_finish(self, replica_id: Hashable, request: RouteRequest) -> None:
+        """Ignored: load comes from ``ReplicaState.in_flight``."""
+
+    def drop_replica(self, replica_id: Hashable) -> None:
+        """Nothing to forget: this policy keeps no per-replica state."""
+
+
+class RoundRobinRouter(_BaseRouter):
+    """Each request to the next replica in the order given, cycling. O(1)."""
+
+    name = "round_robin"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._next = 0
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Hashable:
+        _check_replicas(replicas)
+        i = self._next % len(replicas)
+        self._next = i + 1
+        return replicas[i].replica_id
+
+
+class LeastLoadedRouter(_BaseRouter):
+    """The replica with the fewest requests in flight; ties by fewest waiting, then the first
+    given (``tie_break="index"``) or a seeded random one (``"random"``). O(replicas)."""
+
+    name = "least_loaded"
+
+    def __init__(self, *, tie_break: str = "index", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if tie_break not in ("index", "random"):
+            raise ValueError(f"tie_break must be 'index' or 'random', got {tie_break!r}")
+        self.tie_break = tie_break
+        self._rng = random.Random(self.seed)
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Hashable:
+        _check_replicas(replicas)
+        b = _least_loaded(replicas)
+        if self.tie_break == "random":
+            tied = [r for r in replicas if r.in_flight == b.in_flight and r.waiting == b.waiting]
+            return self._rng.choice(tied).replica_id
+        return b.replica_id
+
+
+class PowerOfTwoRouter(_BaseRouter):
+    """Two distinct replicas drawn at random (seeded); the one with fewer in flight (then fewer
+    waiting, then the first drawn). Never the more loaded of the two. O(1)."""
+
+    name = "pow2"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._rng = random.Random(self.seed)
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Hashable:
+        _check_replicas(replicas)
+        n = len(replicas)
+        if n == 1:
+            return replicas[0].replica_id
+        i = self._rng.randrange(n)
+        j = self._rng.randrange(n - 1)
+        a, b = replicas[i], replicas[j + (j >= i)]
+        return (b if (b.in_flight, b.waiting) < (a.in_flight, a.waiting) else a).replica_id
+
+
+class SessionRouter(_BaseRouter):
+    """Session affinity: a session's requests go where its first one went.
+
+    A new session, a request without one, or a session whose replica is not
+    offered any more (dropped, or left out of ``replicas``) goes to the least
+    loaded replica, and the session is bound there. At most ``max_sessions``
+    bindings are kept, the least recently used forgotten first. O(replicas).
+    """
+
+    name = "session"
+
+    def __init__(self, *, max_sessions: int = 1_000_000, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_sessions = _check_int("max_sessions", max_sessions, 1)
+        self._bindings: OrderedDict[Hashable, Hashable] = OrderedDict()
+        self._sessions: dict[Hashable, set[Hashable]] = {}  # replica -> its sessions
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Hashable:
+        _check_replicas(replicas)
+        session = request.session
+        if session is None:
+            return _least_loaded(replicas).replica_id
+        bound = self._bindings.get(session)
+        if bound is not None:
+            for r in replicas:
+                if r.replica_id == bound:
+                    self._bindings.move_to_end(session)
+                    return bound
+            self._unbind(session)
+        chosen = _least_loaded(replicas).replica_id
+        self._bindings[session] = chosen
+        self._sessions.setdefault(chosen, set()).add(session)
+        if len(self._bindings) > self.max_sessions:
+            self._unbind(next(iter(self._bindings)))
+        return chosen
+
+    def replica_of(self, session: Hashable) -> Hashable | None:
+        """The replica ``session`` is bound to, or None."""
+        return self._bindings.get(session)
+
+    def _unbind(self, session: Hashable) -> None:
+        replica_id = self._bindings.pop(session)
+        sessions = self._sessions[replica_id]
+        sessions.discard(session)
+        if not sessions:
+            del self._sessions[replica_id]
+
+    def drop_replica(self, replica_id: Hashable) -> None:
+        """Unbind its sessions (they rebind on their next request). O(its sessions)."""
+        for session in self._sessions.pop(replica_id, ()):
+            del self._bindings[session]
+
+
+def _prefix_key(tokens: np.ndarray, prefix_len: int, namespace: Hashable) -> int:
+    """The ring position of a prompt: xxh3 of its first ``prefix_len`` tokens and namespace."""
+    head = np.ascontiguousarray(tokens[:prefix_len], dtype=np.int32).tobytes()
+    extra = namespace_extra_keys(namespace)
+    return xxhash.xxh3_64_intdigest(head if extra is None else head + repr(extra).encode())
+
+
+class CHWBLRouter(_BaseRouter):
+    """Consistent hashing with bounded loads (Mirrokni et al. 2016; KubeAI's prefix hash).
+
+    Each replica owns ``vnodes`` points on a 64-bit ring (xxh3 of its id's
+    ``repr`` and the point's number). A request hashes its first
+    ``prefix_len`` tokens (default ``block_size``) and its namespace onto the
+    ring and walks clockwise to the first replica whose load after taking it
+    stays within the bound: ``in_flight + 1 <= ceil(load_factor * (total + 1)
+    / n)``, ``total`` the in-flight sum over the ``n`` offered replicas. Some
+    replica always fits (the least loaded one has at most ``total / n``). So
+    one prefix keeps one replica while that stays under the bound, and moves
+    to the next on the ring when it is not. Replicas join the ring when first
+    offered; ``drop_replica`` takes their points out. Complexity: O(log points)
+    to find the start, plus the points walked (usually a few).
+    """
+
+    name = "chwbl"
+
+    def __init__(
+        self,
+        *,
+        load_factor: float = 1.25,
+        vnodes: int = 256,
+        prefix_len: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if isinstance(load_factor, bool) or not isinstance(load_factor, (int, float)):
+            raise ValueError(f"load_factor must be a number >= 1, got {load_factor!r}")
+        if not load_factor >= 1.0:
+            raise ValueError(f"load_factor must be a number >= 1, got {load_factor!r}")
+        self.load_factor = float(load_factor)
+        self.vnodes = _check_int("vnodes", vnodes, 1)
+        self.prefix_len = (
+            self.block_size if prefix_len is None else _check_int("prefix_len", prefix_len, 1)
+        )
+        self._points: list[int] = []
+        self._owners: list[Hashable] = []
+        self._members: set[Hashable] = set()
+
+    def _join(self, replica_id: Hashable) -> None:
+        name = repr(replica_id)
+        for v in range(self.vnodes):
+            p = xxhash.xxh3_64_intdigest(f"{name}#{v}".encode())
+            k = bisect.bisect_left(self._points, p)
+            self._points.insert(k, p)
+            self._owners.insert(k, replica_id)
+        self._members.add(replica_id)
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Hashable:
+        _check_replicas(replicas)
+        members = self._members
+        by_id: dict[Hashable, ReplicaState] = {}
+        total = 0
+        for r in replicas:
+            if r.replica_id not in members:
+                self._join(r.replica_id)
+            by_id[r.replica_id] = r
+            total += r.in_flight
+        bound = math.ceil(self.load_factor * (total + 1) / len(replicas))
+        points, owners = self._points, self._owners
+        n = len(points)
+        start = bisect.bisect_left(
+            points, _prefix_key(request.tokens, self.prefix_len, request.namespace)
+        )
+        tried: set[Hashable] = set()
+        for k in range(start, start + n):
+            owner = owners[k % n]
+            if owner in tried:
+                continue
+            state = by_id.get(owner)
+            if state is not None and state.in_flight + 1 <= bound:
+                return owner
+            tried.add(owner)
+            if len(tried) == len(members):
+                break
+        # Unreachable while the bound holds (see the class docstring); kept as a safe answer.
+        return _least_loaded(replicas).replica_id  # pragma: no cover
+
+    def drop_replica(self, replica_id: Hashable) -> None:
+        """Take its points off the ring. O(points)."""
+        if replica_id not in self._members:
+            return
+        keep = [k for k, o in enumerate(self._owners) if o != replica_id]
+        self._points = [self._points[k] for k in keep]
+        self._owners = [self._owners[k] for k in keep]
+        self._members.discard(replica_id)
+
+
+@dataclass(frozen=True)
+class LoadAwareScoring:
+    """How the prefix-aware routers weigh a cached prefix against load.
+
+    1. **Filter**: a replica is a candidate when its ``in_flight`` is at most
+       ``max_load_gap`` above the least loaded one's and its ``kv_usage`` is at
+       most ``kv_usage_threshold``; when none is, all are.
+    2. **Minimum gain**: when the best candidate's cached prefix beats the
+       least loaded candidate's by fewer than ``min_gain_blocks`` blocks,
+       affinity is not worth it: the least loaded candidate wins.
+    3. **Cost** (NVIDIA Dynamo's KV router, in blocks): for a request of ``n``
+       full blocks, ``m`` of them cached on the replica,
+       ``cost = prefill_weight * (n - m) + (decode + n - m)``: the blocks to
+       prefill, plus the blocks the replica will be decoding over once it
+       holds this request (its cached prefix is shared, not added). ``decode``
+       is ``in_flight`` times the mean prompt blocks of the requests this
+       router has in flight there (tracked through ``choose`` and
+       ``on_finish``; where it has none, the router-wide running mean, an
+       exponential average with weight 1/32).
+       Lowest cost wins; ties by fewer in flight, fewer waiting, first given.
+    """
+
+    prefill_weight: float = 1.0
+    min_gain_blocks: int = 2
+    max_load_gap: int = 8
+    kv_usage_threshold: float = 0.95
+
+    def __post_init__(self) -> None:
+        w = self.prefill_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
+            raise ValueError(f"prefill_weight must be a number >= 0, got {w!r}")
+        _check_int("min_gain_blocks", self.min_gain_blocks, 0)
+        _check_int("max_load_gap", self.max_load_gap, 0)
+        t = self.kv_usage_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+            raise ValueError(f"kv_usage_threshold must be a number >= 0, got {t!r}")
+
+    def pick(
+        self,
+        replicas: Sequence[ReplicaState],
+        matched: dict[Hashable, int],
+        num_blocks: int,
+        decode_blocks: Callable[[ReplicaState], float],
+    ) -> ReplicaState:
+        """The replica to route to, given each one's ``matched`` leading blocks (missing: 0) of a
+        request of ``num_blocks`` and its ``decode_blocks``. O(replicas)."""
+        limit = min([r.in_flight for r in replicas]) + self.max_load_gap
+        kv = self.kv_usage_threshold
+        eligible = [r for r in replicas if r.in_flight <= limit and r.kv_usage <= kv] or replicas
+        least = _least_loaded(eligible)
+        if not matched:
+            return least
+        get = matched.get
+        weight = self.prefill_weight + 1.0  # prefill, and the same new blocks joining the decode
+        best, best_cost, best_match = least, math.inf, 0
+        for r in eligible:
+            m = get(r.replica_id, 0)
+            if m > best_match:
+                best_match = m
+            cost = weight * (num_blocks - m)
+            if r.in_flight > 0:
+                cost += decode_blocks(r)
+            if cost < best_cost or (
+                cost == best_cost
+                and (
+                    r.in_flight < best.in_flight
+                    or (r.in_flight == best.in_flight and r.waiting < best.waiting)
+                )
+            ):
+                best, best_cost = r, cost
+        if best_match - get(least.replica_id, 0) < self.min_gain_blocks:
+            return least
+        return best
+
+
+class _PrefixRouter(_BaseRouter):
+    """A prefix index plus :class:`LoadAwareScoring`; the subclasses say how it learns."""
+
+    index: ApproxIndex | ExactIndex
+
+    def __init__(
+        self,
+        *,
+        prefill_weight: float = 1.0,
+        min_gain_blocks: int = 2,
+        max_load_gap: int = 8,
+        kv_usage_threshold: float = 0.95,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.scoring = LoadAwareScoring(
+            prefill_weight, min_gain_blocks, max_load_gap, kv_usage_threshold
+        )
+        self._blocks: dict[Hashable, int] = {}  # replica -> prompt blocks of its requests in flight
+        self._requests: dict[Hashable, int] = {}  # replica -> its requests in flight (ours)
+        self._mean_blocks: float | None = None  # running mean of routed requests' prompt blocks
+
+    def _decode_blocks(self, replica: ReplicaState) -> float:
+        k = replica.in_flight
+        if k <= 0:
+            return 0.0
+        c = self._requests.get(replica.replica_id, 0)
+        if c:
+            return k * self._blocks[replica.replica_id] / c
+        return k * (self._mean_blocks or 0.0)
+
+    def _learn(self, replica: ReplicaState, hashes: list[int]) -> None:
+        raise NotImplementedError
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Hashable:
+        """Hash the prompt once, match it in the index, score, then enter the decision in the
+        index with the same hashes. ``ValueError`` if ``replicas`` is empty.
+        Complexity: O(prompt tokens + replicas) plus the index's match and update."""
+        _check_replicas(replicas)
+        hashes = chain_hashes(self.hasher, request.tokens, self.block_size, request.namespace)
+        n = len(hashes)
+        if self._mean_blocks is None:
+            self._mean_blocks = float(n)
+        chosen = self.scoring.pick(replicas, self.index.match(hashes), n, self._decode_blocks)
+        self._learn(chosen, hashes)
+        rid = chosen.replica_id
+        self._blocks[rid] = self._blocks.get(rid, 0) + n
+        self._requests[rid] = self._requests.get(rid, 0) + 1
+        self._mean_blocks += (n - self._mean_blocks) / 32.0
+        return rid
+
+    def on_finish(self, replica_id: Hashable, request: RouteRequest) -> None:
+        """Take ``request``'s blocks off ``replica_id``'s decode estimate. O(1)."""
+        c = self._requests.get(replica_id, 0)
+        if c <= 1:
+            self._requests.pop(replica_id, None)
+            self._blocks.pop(replica_id, None)
+            return
+        self._requests[replica_id] = c - 1
+        n = len(request.tokens) // self.block_size
+        self._blocks[replica_id] = max(0, self._blocks[replica_id] - n)
+
+    def drop_replica(self, replica_id: Hashable) -> None:
+        """Forget the replica in the index and the load estimate. O(its index entries)."""
+        self.index.drop_replica(replica_id)
+        self._blocks.pop(replica_id, None)
+        self._requests.pop(replica_id, None)
+
+
+class ApproxPrefixRouter(_PrefixRouter):
+    """Prefix-aware on an :class:`ApproxIndex` of its own decisions (no events needed).
+
+    Options: the index's ``ttl``, ``max_entries``, ``default_capacity_blocks``
+    and ``clock``, and :class:`LoadAwareScoring`'s. Each replica's LRU is sized
+    from ``ReplicaState.capacity_blocks`` when it is chosen. Events are ignored.
+    """
+
+    name = "approx"
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 300.0,
+        max_entries: int = 1_000_000,
+        default_capacity_blocks: int | None = None,
+        clock: Clock = time.monotonic,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.index = ApproxIndex(
+            ttl=ttl,
+            max_entries=max_entries,
+            default_capacity_blocks=default_capacity_blocks,
+            clock=clock,
+        )
+
+    def _learn(self, replica: ReplicaState, hashes: list[int]) -> None:
+        self.index.set_capacity(replica.replica_id, replica.capacity_blocks)
+        self.index.record(replica.replica_id, hashes)
+
+
+class ExactPrefixRouter(_PrefixRouter):
+    """Prefix-aware on an :class:`ExactIndex` of the replicas' KV events.
+
+    ``hasher`` must be the replicas' (recipe and seed), else nothing matches.
+    After each decision the request's hashes are speculative on the chosen
+    replica for ``spec_ttl`` seconds (its events confirm them). Options:
+    ``spec_ttl``, ``clock`` and :class:`LoadAwareScoring`'s.
+    """
+
+    name = "exact"
+
+    def __init__(
+        self, *, spec_ttl: float = 2.0, clock: Clock = time.monotonic, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.index = ExactIndex(spec_ttl=spec_ttl, block_size=self.block_size, clock=clock)
+
+    def _learn(self, replica: ReplicaState, hashes: list[int]) -> None:
+        self.index.speculate(replica.replica_id, hashes)
+
+    def on_events(self, replica_id: Hashable, events: Sequence[KVCacheEvent]) -> None:
+        """Apply ``replica_id``'s events to the index (see :meth:`ExactIndex.apply`)."""
+        self.index.apply(replica_id, events)
+
+
+ROUTERS: dict[str, Callable[..., Router]] = {
+    cls.name: cls
+    for cls in (
+        RoundRobinRouter,
+        LeastLoadedRouter,
+        PowerOfTwoRouter,
+        SessionRouter,
+        CHWBLRouter,
+        ApproxPrefixRouter,
+        ExactPrefixRouter,
+    )
+}
+
+
+def make_router(
+    name: str,
+    *,
+    block_size: int,
+    hasher: ChainHasher | None = None,
+    seed: int = 0,
+    **options: object,
+) -> Router:
+    """The ``name``d policy (a key of ``ROUTERS``) for replicas of ``block_size`` tokens a block.
+
+    ``hasher`` names blocks as the replicas do (``exact`` needs the replicas'
+    own; None: ``ChainHasher("xxhash", seed=0)``); ``seed`` seeds the random
+    policies. ``options`` go to the policy's constructor. ``ValueError``
+    naming ``name`` for an unknown policy, or the bad option and its value;
+    ``TypeError`` naming an option the policy does not take.
+    """
+    factory = ROUTERS.get(name)
+    if factory is None:
+        raise ValueError(f"name must be one of {sorted(ROUTERS)}, got {name!r}")
+    try:
+        return factory(block_size=block_size, hasher=hasher, seed=seed, **options)
+    except TypeError as exc:
+        raise TypeError(f"router {name!r}: {exc}") from exc

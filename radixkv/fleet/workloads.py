@@ -1,0 +1,141 @@
+"""Synthetic fleet workloads, as :class:`~radixkv.fleet.sim.SimRequest` lists.
+
+Tokens are ids of 512-token blocks, like a Mooncake trace's hash ids (so the
+simulator's units are the same for both), drawn from disjoint ranges so two
+prompts share exactly the prefix the workload gives them. Arrivals are a
+seeded Poisson process of ``arrival_rate`` requests per second.
+
+- :func:`grouped_prompts`: ``groups`` system prompts of ``system_len`` blocks,
+  ``prompts_per_group`` requests each (own question of ``question_len``
+  blocks), in random order: prefix affinity pays ``groups``-fold.
+- :func:`hot_prompt`: one system prompt in a ``hot_fraction`` (e.g. 90%) of
+  the requests, unique prompts for the rest: the case where naive prefix
+  affinity sends almost everything to one replica. A router must spread the
+  hot prefix (each replica computes it once) rather than melt one replica.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixkv.fleet.sim import SimRequest
+from radixkv.replay.trace import MOONCAKE_BLOCK_SIZE
+
+__all__ = ["SYNTHETIC_WORKLOADS", "grouped_prompts", "hot_prompt"]
+
+SYNTHETIC_WORKLOADS = ("groups", "hot")
+
+
+def _check(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+def _check_rate(arrival_rate: float) -> float:
+    ok = isinstance(arrival_rate, (int, float)) and not isinstance(arrival_rate, bool)
+    if not ok or not arrival_rate > 0 or arrival_rate == float("inf"):
+        raise ValueError(f"arrival_rate must be a finite number > 0, got {arrival_rate!r}")
+    return float(arrival_rate)
+
+
+class _Ids:
+    """Fresh ids, never repeated: a workload's own token space."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self, n: int) -> np.ndarray:
+        out = np.arange(self.next, self.next + n, dtype=np.int32)
+        self.next += n
+        return out
+
+
+def _build(
+    prefixes: list[np.ndarray | None],
+    question_len: int,
+    output_tokens: int,
+    arrival_rate: float,
+    rng: np.random.Generator,
+    ids: _Ids,
+    sessions: list[object] | None = None,
+) -> list[SimRequest]:
+    gaps = rng.exponential(1.0 / arrival_rate, size=len(prefixes))
+    arrivals = np.cumsum(gaps) - gaps[0]
+    out = []
+    for i, prefix in enumerate(prefixes):
+        q = ids.take(question_len)
+        tokens = q if prefix is None else np.concatenate((prefix, q))
+        out.append(
+            SimRequest(
+                request_id=i,
+                arrival=float(arrivals[i]),
+                tokens=tokens,
+                prompt_tokens=len(tokens) * MOONCAKE_BLOCK_SIZE,
+                output_tokens=output_tokens,
+                session=None if sessions is None else sessions[i],
+            )
+        )
+    return out
+
+
+def grouped_prompts(
+    groups: int,
+    prompts_per_group: int,
+    *,
+    system_len: int = 8,
+    question_len: int = 2,
+    output_tokens: int = 128,
+    arrival_rate: float = 1.0,
+    seed: int = 0,
+) -> list[SimRequest]:
+    """``groups x prompts_per_group`` requests; a group's prompts share its system prompt.
+
+    Lengths in blocks (512 tokens each). The session is the group (so session
+    affinity keeps a group together). ``ValueError`` for bad sizes.
+    """
+    groups = _check("groups", groups, 1)
+    per = _check("prompts_per_group", prompts_per_group, 1)
+    system_len = _check("system_len", system_len, 0)
+    question_len = _check("question_len", question_len, 1)
+    output_tokens = _check("output_tokens", output_tokens, 0)
+    rng = np.random.default_rng(seed)
+    ids = _Ids()
+    systems = [ids.take(system_len) for _ in range(groups)]
+    order = rng.permutation(np.repeat(np.arange(groups), per))
+    prefixes = [systems[g] for g in order]
+    return _build(
+        prefixes,
+        question_len,
+        output_tokens,
+        _check_rate(arrival_rate),
+        rng,
+        ids,
+        sessions=[f"group-{g}" for g in order],
+    )
+
+
+def hot_prompt(
+    num_requests: int,
+    *,
+    hot_fraction: float = 0.9,
+    system_len: int = 8,
+    question_len: int = 2,
+    output_tokens: int = 128,
+    arrival_rate: float = 1.0,
+    seed: int = 0,
+) -> list[SimRequest]:
+    """``num_requests`` requests, each with the one hot system prompt with probability
+    ``hot_fraction``, else an unshared prompt of the same length. Lengths in blocks."""
+    n = _check("num_requests", num_requests, 1)
+    if not (isinstance(hot_fraction, (int, float)) and 0.0 <= hot_fraction <= 1.0):
+        raise ValueError(f"hot_fraction must be in [0, 1], got {hot_fraction!r}")
+    system_len = _check("system_len", system_len, 0)
+    question_len = _check("question_len", question_len, 1)
+    output_tokens = _check("output_tokens", output_tokens, 0)
+    rng = np.random.default_rng(seed)
+    ids = _Ids()
+    hot = ids.take(system_len)
+    is_hot = rng.random(n) < hot_fraction
+    prefixes = [hot if h else ids.take(system_len) for h in is_hot]
+    return _build(prefixes, question_len, output_tokens, _check_rate(arrival_rate), rng, ids)

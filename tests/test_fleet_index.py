@@ -1,0 +1,551 @@
+"""The router's indexes: ApproxIndex (from routing decisions) and ExactIndex (from KV events).
+
+Unit tests pin each behaviour (prefix lengths, namespaces, TTL, the per-replica
+LRU and the global cap, speculative entries); two hypothesis state machines
+run each index against a plain-Python oracle and call ``check()`` after every
+step. The hashes are real chained hashes (``chain_hashes``), so prefix sharing
+is the caches' own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixkv.cache.allocator import InvariantError
+from radixkv.cache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ChainHasher,
+    namespace_extra_keys,
+)
+from radixkv.fleet.index import ApproxIndex, ExactIndex, chain_hashes
+
+BS = 4
+HASHER = ChainHasher("xxhash", seed=0)
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def chain(tokens: list[int], namespace: Hashable = None, hasher: ChainHasher = HASHER) -> list[int]:
+    return chain_hashes(hasher, np.array(tokens, dtype=np.int32), BS, namespace)
+
+
+def stored(hashes: list[int], parent: int | None = None, block_size: int = BS) -> BlockStored:
+    tokens = [0] * (block_size * len(hashes))
+    return BlockStored(hashes, parent, tokens, block_size, None, "GPU", None)
+
+
+def removed(*hashes: int) -> list[BlockRemoved]:
+    return [BlockRemoved([h], "GPU") for h in hashes]
+
+
+A = list(range(1, 41))  # ten blocks
+B = A[:12] + list(range(100, 128))  # shares three blocks with A
+
+
+# ------------------------------------------------------------------ chain_hashes
+@pytest.mark.parametrize("recipe", ["xxhash", "sha256_cbor"])
+@given(
+    tokens=st.lists(st.integers(0, 2**31 - 1), max_size=70),
+    block_size=st.integers(1, 9),
+    namespace=st.sampled_from([None, "lora", 7, ("t", 2), b"salt", 1.5]),
+    seed=st.sampled_from([0, 1, "s"]),
+)
+def test_chain_hashes_are_the_hashers_wire_hashes(
+    recipe: str, tokens: list[int], block_size: int, namespace: Hashable, seed: int | str
+) -> None:
+    hasher = ChainHasher(recipe, seed=seed)
+    extra = namespace_extra_keys(namespace)
+    want = [hasher.wire(d) for d in hasher.hashes(hasher.root, tokens, block_size, extra)]
+    got = chain_hashes(hasher, np.array(tokens, dtype=np.int32), block_size, namespace)
+    assert got == want
+    assert chain_hashes(hasher, tokens, block_size, namespace) == want  # a list works too
+
+
+def test_chain_hashes_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+        chain_hashes(HASHER, [1, 2], 0, None)
+    with pytest.raises(ValueError, match="tokens must be 1-D"):
+        chain_hashes(HASHER, np.zeros((2, 4), dtype=np.int32), BS, None)
+    assert chain_hashes(HASHER, [1, 2, 3], BS, None) == []  # no full block
+
+
+def test_namespaces_never_share_a_hash() -> None:
+    plain, salted = chain(A), chain(A, "tenant-b")
+    assert len(plain) == len(salted) == 10
+    assert not set(plain) & set(salted)
+
+
+# ------------------------------------------------------------------ ApproxIndex
+def test_approx_matches_the_longest_recorded_prefix_per_replica() -> None:
+    idx = ApproxIndex(clock=FakeClock())
+    idx.record("r0", chain(A))
+    assert idx.match(chain(A)) == {"r0": 10}
+    assert idx.match(chain(B)) == {"r0": 3}
+    assert idx.match(chain(A[:9])) == {"r0": 2}  # only full blocks
+    assert idx.match(chain([9] + A[1:])) == {}  # first block differs: nothing shared
+    idx.record("r1", chain(B))
+    assert idx.match(chain(B)) == {"r0": 3, "r1": 10}
+    assert idx.match([]) == {}
+    idx.check()
+
+
+def test_approx_namespaces_isolate() -> None:
+    idx = ApproxIndex(clock=FakeClock())
+    idx.record("r0", chain(A, "tenant-a"))
+    assert idx.match(chain(A, "tenant-a")) == {"r0": 10}
+    assert idx.match(chain(A, "tenant-b")) == {}
+    assert idx.match(chain(A)) == {}
+
+
+def test_approx_entries_expire_after_ttl_unless_touched() -> None:
+    clock = FakeClock()
+    idx = ApproxIndex(ttl=10.0, clock=clock)
+    idx.record("r0", chain(A))
+    clock.now = 6.0
+    idx.record("r0", chain(A[:8]))  # touches the first two blocks only
+    clock.now = 16.0  # 16 s after the first record, 10 s after the touch
+    assert idx.match(chain(A)) == {"r0": 2}
+    assert len(idx) == 2
+    clock.now = 16.5
+    assert idx.match(chain(A)) == {}
+    assert len(idx) == 0 and idx.num_entries("r0") == 0
+    idx.check()
+
+
+def test_approx_now_must_not_go_back_but_the_clock_may() -> None:
+    clock = FakeClock(5.0)
+    idx = ApproxIndex(clock=clock)
+    idx.record("r0", chain(A), now=5.0)
+    with pytest.raises(ValueError, match="now must not go back: got now=4.0"):
+        idx.record("r0", chain(A), now=4.0)
+    clock.now = 1.0  # a clock stepping back is clamped to the latest time seen
+    idx.record("r0", chain(B))
+    assert set(idx.hashes("r0").values()) == {5.0}
+    idx.check()
+
+
+def test_approx_replica_lru_keeps_its_capacity_and_drops_deepest_first() -> None:
+    idx = ApproxIndex(clock=FakeClock())
+    idx.set_capacity("r0", 12)
+    idx.record("r0", chain(A))
+    idx.record("r0", chain(B))  # 7 new blocks: 17 > 12, the oldest 5 (A's tail) go
+    assert idx.num_entries("r0") == 12
+    assert idx.match(chain(A)) == {"r0": 5}
+    assert idx.match(chain(B)) == {"r0": 10}
+    idx.set_capacity("r0", 4)  # shrinking drops the oldest now
+    assert idx.num_entries("r0") == 4
+    assert idx.match(chain(B)) == {"r0": 4}
+    long = list(range(500, 600))  # 25 blocks: only the first 4 are kept
+    idx.record("r0", chain(long))
+    assert idx.match(chain(long)) == {"r0": 4}
+    idx.check()
+
+
+def test_approx_unknown_capacity_falls_back_to_the_default() -> None:
+    idx = ApproxIndex(default_capacity_blocks=5, clock=FakeClock())
+    idx.set_capacity("r0", 0)
+    assert idx.capacity("r0") == 5 and idx.capacity("never-seen") == 5
+    idx.record("r0", chain(A))
+    assert idx.num_entries("r0") == 5
+    assert ApproxIndex().capacity("r0") is None
+    with pytest.raises(ValueError, match="capacity_blocks must be a non-negative int, got -1"):
+        idx.set_capacity("r0", -1)
+
+
+def test_approx_global_cap_drops_the_fleets_oldest() -> None:
+    clock = FakeClock()
+    idx = ApproxIndex(max_entries=15, clock=clock)
+    idx.record("r0", chain(A))
+    clock.now = 1.0
+    idx.record("r1", chain(B))  # 20 entries > 15: r0's oldest 5 go
+    assert len(idx) == 15
+    assert idx.num_entries("r0") == 5 and idx.num_entries("r1") == 10
+    assert idx.match(chain(A)) == {"r0": 5, "r1": 3}
+    clock.now = 2.0
+    idx.record("r1", chain(list(range(300, 372))))  # 18 blocks: only 15 fit, all r1's
+    assert len(idx) == 15 and idx.num_entries("r0") == 0
+    idx.check()
+
+
+def test_approx_drop_replica_forgets_it() -> None:
+    idx = ApproxIndex(clock=FakeClock())
+    idx.set_capacity("r0", 50)
+    idx.record("r0", chain(A))
+    idx.record("r1", chain(A))
+    idx.drop_replica("r0")
+    assert idx.match(chain(A)) == {"r1": 10}
+    assert len(idx) == 10 and idx.capacity("r0") is None
+    idx.drop_replica("never-seen")
+    idx.check()
+
+
+def test_approx_check_names_a_broken_invariant() -> None:
+    idx = ApproxIndex(clock=FakeClock())
+    idx.set_capacity("r0", 20)
+    idx.record("r0", chain(A))
+    idx._num_entries += 1
+    with pytest.raises(InvariantError, match="entry count 11 != 10"):
+        idx.check()
+    idx._num_entries -= 1
+    idx._capacity["r0"] = 3
+    with pytest.raises(InvariantError, match="over its capacity 3"):
+        idx.check()
+
+
+def test_approx_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="ttl must be a positive number, got 0"):
+        ApproxIndex(ttl=0)
+    with pytest.raises(ValueError, match="max_entries must be a positive int, got 0"):
+        ApproxIndex(max_entries=0)
+    with pytest.raises(ValueError, match="default_capacity_blocks must be a positive int"):
+        ApproxIndex(default_capacity_blocks=-3)
+    with pytest.raises(ValueError, match="clock must be a callable"):
+        ApproxIndex(clock=3.0)  # type: ignore[arg-type]
+    assert ApproxIndex(ttl=math.inf).ttl == math.inf
+
+
+def test_approx_memory_is_measured_per_entry() -> None:
+    idx = ApproxIndex(clock=FakeClock())
+    empty = idx.memory_bytes()
+    rng = np.random.default_rng(0)
+    for r in range(4):
+        for _ in range(25):
+            idx.record(r, chain_hashes(HASHER, rng.integers(0, 1000, 400), BS, None))
+    per_entry = (idx.memory_bytes() - empty) / len(idx)
+    assert len(idx) == 10_000
+    assert 60 < per_entry < 400, per_entry
+
+
+# ------------------------------------------------------------------ ExactIndex
+def test_exact_index_from_hand_built_events() -> None:
+    idx = ExactIndex(block_size=BS, clock=FakeClock())
+    a, b = chain(A), chain(B)
+    idx.apply("r0", [stored(a[:4]), stored(a[4:], parent=a[3])])
+    idx.apply("r1", [stored(b[:6])])
+    assert idx.blocks("r0") == set(a) and idx.blocks("r1") == set(b[:6])
+    assert idx.match(a) == {"r0": 10, "r1": 3}
+    assert idx.match(b) == {"r0": 3, "r1": 6}
+    idx.apply("r0", removed(a[5]))  # an interior block: the chain stops there
+    assert idx.match(a) == {"r0": 5, "r1": 3}
+    idx.apply("r0", [AllBlocksCleared()])
+    assert idx.blocks("r0") == set() and idx.match(a) == {"r1": 3}
+    idx.apply("r1", removed(12345))  # a block never stored: nothing to undo
+    assert idx.match(chain(A, "other")) == {}
+    idx.check()
+
+
+def test_exact_rejects_foreign_events() -> None:
+    idx = ExactIndex(block_size=BS, clock=FakeClock())
+    with pytest.raises(ValueError, match="block_size must be 4 in replica 'r0'.*got 16"):
+        idx.apply("r0", [stored([1, 2], block_size=16)])
+    with pytest.raises(TypeError, match="events must be KV cache events, got 'oops'"):
+        idx.apply("r0", ["oops"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="spec_ttl must be a positive number"):
+        ExactIndex(spec_ttl=-1.0)
+
+
+def test_speculative_entries_appear_at_once_and_expire_after_ttl() -> None:
+    clock = FakeClock()
+    idx = ExactIndex(spec_ttl=2.0, clock=clock)
+    a = chain(A)
+    idx.apply("r0", [stored(a[:3])])
+    assert idx.speculate("r0", a) == 7  # the three real ones are not speculative
+    assert idx.match(a) == {"r0": 10}
+    assert idx.speculative("r0") == set(a[3:]) and idx.blocks("r0") == set(a[:3])
+    idx.check()
+    clock.now = 1.9
+    assert idx.match(a) == {"r0": 10}
+    clock.now = 2.0
+    assert idx.match(a) == {"r0": 3}
+    assert idx.speculative("r0") == set()
+    idx.check()
+
+
+def test_a_chain_may_run_real_speculative_real() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    a = chain(A)
+    idx.apply("r0", [stored(a[:3])])
+    idx.speculate("r0", a)
+    idx.apply("r0", [stored(a[6:], parent=a[5])])  # the replica reports the tail first
+    assert idx.speculative("r0") == set(a[3:6])
+    assert idx.match(a) == {"r0": 10}
+    idx.check()
+
+
+def test_speculation_on_a_cold_replica_and_renewal() -> None:
+    clock = FakeClock()
+    idx = ExactIndex(spec_ttl=2.0, clock=clock)
+    a = chain(A)
+    idx.speculate("r1", a[:4])
+    clock.now = 1.5
+    idx.speculate("r1", a)  # renews the first four, adds six
+    clock.now = 3.0  # past the first deadline, before the second
+    assert idx.match(a) == {"r1": 10}
+    idx.check()
+    clock.now = 3.5
+    assert idx.match(a) == {}
+    idx.check()
+
+
+def test_block_stored_makes_a_speculative_entry_real() -> None:
+    clock = FakeClock()
+    idx = ExactIndex(spec_ttl=2.0, clock=clock)
+    a = chain(A)
+    idx.speculate("r0", a)
+    idx.apply("r0", [stored(a[:6])])
+    assert idx.blocks("r0") == set(a[:6]) and idx.speculative("r0") == set(a[6:])
+    idx.check()
+    clock.now = 5.0
+    assert idx.match(a) == {"r0": 6}  # the real ones outlive the TTL
+    idx.check()
+
+
+def test_block_removed_removes_a_speculative_entry() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    a = chain(A)
+    idx.speculate("r0", a)
+    idx.apply("r0", removed(a[2]))
+    assert idx.match(a) == {"r0": 2}
+    idx.apply("r0", [AllBlocksCleared()])
+    assert idx.match(a) == {} and idx.speculative("r0") == set()
+    idx.check()
+
+
+def test_exact_reset_and_drop_replica() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    a = chain(A)
+    for r in ("r0", "r1", "r2"):
+        idx.apply(r, [stored(a)])
+    idx.speculate("r0", chain(B))
+    idx.reset_replica("r0")
+    assert idx.match(a) == {"r1": 10, "r2": 10} and "r0" in idx.replicas()
+    idx.drop_replica("r1")
+    assert idx.match(a) == {"r2": 10} and idx.replicas() == ["r0", "r2"]
+    idx.apply("r3", [stored(a[:2])])  # takes the freed slot
+    assert idx.match(a) == {"r2": 10, "r3": 2}
+    idx.drop_replica("never-seen")
+    idx.check()
+
+
+def test_exact_check_names_a_broken_invariant() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    a = chain(A)
+    idx.apply("r0", [stored(a)])
+    idx._real["r0"].discard(a[0])
+    with pytest.raises(InvariantError, match="the table holds 10 .* real sets 9"):
+        idx.check()
+
+
+def test_exact_memory_grows_with_blocks() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    empty = idx.memory_bytes()
+    idx.apply("r0", [stored(chain(list(range(4000))))])
+    assert idx.memory_bytes() - empty > 1000 * 32  # at least the thousand hash ints
+
+
+# ------------------------------------------------------------------ state machines
+PREFIXES = [list(range(k * 50, k * 50 + 12)) for k in range(3)]  # three blocks each
+REPLICAS = ["r0", "r1", "r2"]
+
+prompts = st.builds(
+    lambda p, tail, ns: (PREFIXES[p][: 4 * tail[0]] + tail[1], ns),
+    st.integers(0, 2),
+    st.tuples(st.integers(0, 3), st.lists(st.integers(0, 3), max_size=14)),
+    st.sampled_from([None, "ns"]),
+)
+
+
+def walk(held: set[int] | dict[int, float], hashes: list[int]) -> int:
+    n = 0
+    for h in hashes:
+        if h not in held:
+            break
+        n += 1
+    return n
+
+
+class ApproxMachine(RuleBasedStateMachine):
+    """ApproxIndex against an oracle: per replica a list of (hash, time), oldest first."""
+
+    @initialize(
+        ttl=st.sampled_from([3.0, 50.0]),
+        max_entries=st.integers(4, 40),
+        default=st.sampled_from([None, 6]),
+    )
+    def setup(self, ttl: float, max_entries: int, default: int | None) -> None:
+        self.clock = FakeClock()
+        self.idx = ApproxIndex(
+            ttl=ttl, max_entries=max_entries, default_capacity_blocks=default, clock=self.clock
+        )
+        self.ttl, self.max_entries, self.default = ttl, max_entries, default
+        self.lrus: dict[str, list[tuple[int, float]]] = {}
+        self.caps: dict[str, int] = {}
+
+    def cap(self, r: str) -> float:
+        c = self.caps.get(r, 0)
+        return c if c > 0 else (math.inf if self.default is None else self.default)
+
+    def expire(self) -> None:
+        cutoff = self.clock.now - self.ttl
+        for r in list(self.lrus):
+            lru = self.lrus[r] = [(h, t) for h, t in self.lrus[r] if t >= cutoff]
+            if not lru:
+                del self.lrus[r]
+
+    def pop_oldest(self, r: str) -> None:
+        self.lrus[r].pop(0)
+        if not self.lrus[r]:
+            del self.lrus[r]
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 2.0, 4.0]))
+    def advance(self, dt: float) -> None:
+        self.clock.now += dt
+
+    @rule(r=st.sampled_from(REPLICAS), prompt=prompts)
+    def record(self, r: str, prompt: tuple[list[int], object]) -> None:
+        hashes = chain(*prompt)
+        self.idx.record(r, hashes)
+        self.expire()
+        keep = min(self.cap(r), self.max_entries)
+        hashes = hashes[: int(min(keep, len(hashes)))]
+        if not hashes:
+            return
+        lru = self.lrus.setdefault(r, [])
+        for h in reversed(hashes):
+            lru[:] = [(x, t) for x, t in lru if x != h]
+            lru.append((h, self.clock.now))
+        while len(lru) > self.cap(r):
+            self.pop_oldest(r)
+        while sum(map(len, self.lrus.values())) > self.max_entries:
+            order = {q: i for i, q in enumerate(self.lrus)}
+            oldest = min(self.lrus, key=lambda q: (self.lrus[q][0][1], order[q]))
+            self.pop_oldest(oldest)
+
+    @rule(r=st.sampled_from(REPLICAS), cap=st.integers(0, 12))
+    def set_capacity(self, r: str, cap: int) -> None:
+        self.idx.set_capacity(r, cap)
+        self.caps[r] = cap
+        while r in self.lrus and len(self.lrus[r]) > self.cap(r):
+            self.pop_oldest(r)
+
+    @rule(r=st.sampled_from(REPLICAS))
+    def drop(self, r: str) -> None:
+        self.idx.drop_replica(r)
+        self.lrus.pop(r, None)
+        self.caps.pop(r, None)
+
+    @rule(prompt=prompts)
+    def match(self, prompt: tuple[list[int], object]) -> None:
+        hashes = chain(*prompt)
+        got = self.idx.match(hashes)
+        self.expire()
+        want = {r: walk(dict(lru), hashes) for r, lru in self.lrus.items()}
+        assert got == {r: n for r, n in want.items() if n}, (got, want)
+
+    @precondition(lambda self: hasattr(self, "idx"))
+    @invariant()
+    def same_state(self) -> None:
+        self.idx.check()
+        for r in REPLICAS:
+            want = self.lrus.get(r, [])
+            assert list(self.idx.hashes(r).items()) == want, r
+        assert len(self.idx) == sum(map(len, self.lrus.values()))
+
+
+TestApproxMachine = ApproxMachine.TestCase
+
+
+class ExactMachine(RuleBasedStateMachine):
+    """ExactIndex against an oracle: per replica its real hashes and speculative deadlines."""
+
+    @initialize()
+    def setup(self) -> None:
+        self.clock = FakeClock()
+        self.idx = ExactIndex(spec_ttl=2.0, block_size=BS, clock=self.clock)
+        self.real: dict[str, set[int]] = {}
+        self.spec: dict[str, dict[int, float]] = {}
+
+    def alive(self, r: str) -> dict[int, float]:
+        return {h: d for h, d in self.spec.get(r, {}).items() if d > self.clock.now}
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.5]))
+    def advance(self, dt: float) -> None:
+        self.clock.now += dt
+
+    @rule(r=st.sampled_from(REPLICAS), prompt=prompts, cut=st.integers(0, 6))
+    def store(self, r: str, prompt: tuple[list[int], object], cut: int) -> None:
+        hashes = chain(*prompt)[cut:]  # a replica may store a chain's tail later
+        self.idx.apply(r, [stored(hashes)])
+        self.real.setdefault(r, set()).update(hashes)
+        for h in hashes:
+            self.spec.get(r, {}).pop(h, None)
+
+    @rule(r=st.sampled_from(REPLICAS), prompt=prompts, data=st.data())
+    def remove(self, r: str, prompt: tuple[list[int], object], data: st.DataObject) -> None:
+        hashes = chain(*prompt)
+        gone = data.draw(st.lists(st.sampled_from(hashes), max_size=3)) if hashes else []
+        self.idx.apply(r, removed(*gone))
+        for h in gone:
+            self.real.get(r, set()).discard(h)
+            self.spec.get(r, {}).pop(h, None)
+
+    @rule(r=st.sampled_from(REPLICAS))
+    def clear(self, r: str) -> None:
+        self.idx.apply(r, [AllBlocksCleared()])
+        self.real[r] = set()
+        self.spec.pop(r, None)
+
+    @rule(r=st.sampled_from(REPLICAS), prompt=prompts)
+    def speculate(self, r: str, prompt: tuple[list[int], object]) -> None:
+        hashes = chain(*prompt)
+        self.idx.speculate(r, hashes)
+        spec = self.spec.setdefault(r, {})
+        for h in hashes:
+            if h not in self.real.get(r, set()):
+                spec[h] = self.clock.now + 2.0
+
+    @rule(r=st.sampled_from(REPLICAS))
+    def drop(self, r: str) -> None:
+        self.idx.drop_replica(r)
+        self.real.pop(r, None)
+        self.spec.pop(r, None)
+
+    @rule(prompt=prompts)
+    def match(self, prompt: tuple[list[int], object]) -> None:
+        hashes = chain(*prompt)
+        got = self.idx.match(hashes)
+        want = {}
+        for r in REPLICAS:
+            n = walk(self.real.get(r, set()) | set(self.alive(r)), hashes)
+            if n:
+                want[r] = n
+        note(f"match {got} want {want}")
+        assert got == want
+
+    @precondition(lambda self: hasattr(self, "idx"))
+    @invariant()
+    def same_state(self) -> None:
+        self.idx.check()
+        for r in REPLICAS:
+            assert self.idx.blocks(r) == self.real.get(r, set()), r
+            assert self.idx.speculative(r) == set(self.alive(r)), r
+
+
+TestExactMachine = ExactMachine.TestCase

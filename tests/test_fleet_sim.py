@@ -1,0 +1,321 @@
+"""The fleet simulator: hand-computed hits, conservation, regret, the single-cache baseline, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixkv.cli import main
+from radixkv.fleet.protocol import ReplicaState, RouteRequest
+from radixkv.fleet.sim import (
+    FleetSim,
+    ServiceModel,
+    SimClock,
+    SimRequest,
+    build_router,
+    requests_from_trace,
+    simulate,
+    single_cache_hit_rate,
+)
+from radixkv.fleet.workloads import grouped_prompts, hot_prompt
+from radixkv.replay.replay import replay
+from radixkv.replay.trace import load_trace
+from tests.trace_paths import TRACES
+
+CONVERSATION = TRACES / "conversation_trace.jsonl"
+needs_trace = pytest.mark.skipif(not CONVERSATION.exists(), reason="shared traces not present")
+
+
+class RoundRobin:
+    """A trivial router of our own, so the simulator is tested without the router module."""
+
+    name = "rr"
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.finished: list = []
+
+    def choose(self, request, replicas):
+        r = replicas[self.next % len(replicas)]
+        self.next += 1
+        return r.replica_id
+
+    def on_events(self, replica_id, events):
+        pass
+
+    def on_finish(self, replica_id, request):
+        self.finished.append(request.request_id)
+
+    def drop_replica(self, replica_id):
+        pass
+
+
+class Oracle(RoundRobin):
+    """Picks the replica whose cache holds the longest prefix now (peeks the sim's caches)."""
+
+    name = "oracle"
+
+    def __init__(self, sim: FleetSim) -> None:
+        super().__init__()
+        self.sim = sim
+
+    def choose(self, request: RouteRequest, replicas: list[ReplicaState]):
+        overlaps = [rep.cache.peek(request.tokens) for rep in self.sim.replicas]
+        return replicas[int(np.argmax(overlaps))].replica_id
+
+
+def req(i: int, arrival: float, tokens: list[int], out: int = 1) -> SimRequest:
+    return SimRequest(i, arrival, np.asarray(tokens, dtype=np.int32), len(tokens) * 512, out)
+
+
+FAST = ServiceModel(prefill_per_token=1e-3, attention_per_key=0.0, decode_per_token=1e-3)
+
+
+def check_clean(sim: FleetSim) -> None:
+    """Every allocator consistent; after reset every block is free (no leaked reference)."""
+    for rep in sim.replicas:
+        rep.allocator.check()
+        rep.cache.reset()
+        assert rep.allocator.num_free == rep.capacity_blocks
+
+
+# ------------------------------------------------------------------ hand-computed
+def test_round_robin_on_two_replicas_matches_hand_computed_hits() -> None:
+    # Requests alternate replicas 0, 1, 0, 1. Replica 0 sees [1,2,3] then [1,2,9]: hit 2.
+    # Replica 1 sees [1,2,4] (cold) then [1,2,4,5]: hit 3.
+    reqs = [
+        req(0, 0.0, [1, 2, 3]),
+        req(1, 10.0, [1, 2, 4]),
+        req(2, 20.0, [1, 2, 9]),
+        req(3, 30.0, [1, 2, 4, 5]),
+    ]
+    sim = FleetSim(num_replicas=2, capacity_blocks=16, service=FAST)
+    res = sim.run(reqs, RoundRobin())
+    assert res.replica.tolist() == [0, 1, 0, 1]
+    assert res.hit_ids.tolist() == [0, 0, 2, 3]
+    assert res.hit_tokens == 5 * 512
+    assert res.hit_rate == pytest.approx(5 / 13)
+    # Regret at decision: request 1 could have had 2 on replica 0 (lost 2, novel 1);
+    # request 2 got its best (2); request 3: replica 1 holds 3, replica 0 holds 2.
+    assert res.lost_blocks == 2
+    assert res.novel_blocks == 3 + 1 + 1 + 1
+    assert res.regret == pytest.approx(2 / 8)
+    assert res.served == [2, 2]
+    assert res.max_mean_load == 1.0
+    check_clean(sim)
+
+
+def test_queueing_and_ttft_follow_the_service_model() -> None:
+    # Two requests at t=0 on one replica: the second waits for the first's prefill + decode.
+    svc = ServiceModel(prefill_per_token=0.001, attention_per_key=0.0, decode_per_token=0.01)
+    reqs = [req(0, 0.0, [1, 2], out=10), req(1, 0.0, [1, 2, 3], out=10)]
+    res = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=8, service=svc)
+    first = 1024 * 0.001
+    assert res.ttft[0] == pytest.approx(first)
+    # second: waits first + 0.1 decode, then prefills only its 512 uncached tokens
+    assert res.ttft[1] == pytest.approx(first + 0.1 + 512 * 0.001)
+    assert res.hit_ids.tolist() == [0, 2]
+
+
+def test_service_model_attention_term_counts_keys() -> None:
+    svc = ServiceModel(prefill_per_token=0.0, attention_per_key=1.0, decode_per_token=0.0)
+    assert svc.prefill(4, 0) == 1 + 2 + 3 + 4
+    assert svc.prefill(4, 2) == 3 + 4
+    assert svc.prefill(4, 4) == 0.0
+    with pytest.raises(ValueError, match="prefill_per_token"):
+        ServiceModel(prefill_per_token=-1.0)
+
+
+def test_rate_scales_arrivals() -> None:
+    reqs = [req(0, 0.0, [1]), req(1, 100.0, [2])]
+    slow = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=4, service=FAST)
+    fast = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=4, service=FAST, rate=4.0)
+    assert slow.makespan_s > fast.makespan_s
+    assert fast.makespan_s == pytest.approx(25.0 + FAST.prefill(512, 0) + FAST.decode(1))
+
+
+# ------------------------------------------------------------------ invariants
+workloads = st.lists(
+    st.tuples(
+        st.floats(0.0, 5.0),
+        st.lists(st.integers(0, 6), min_size=1, max_size=12),
+        st.integers(0, 50),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads, st.integers(1, 4), st.integers(1, 24), st.booleans())
+def test_every_request_is_served_once_and_nothing_leaks(wl, n, capacity, oracle) -> None:
+    arrivals = np.cumsum([a for a, _, _ in wl])
+    reqs = [req(i, float(t), toks, out) for i, (t, (_, toks, out)) in enumerate(zip(arrivals, wl))]
+    sim = FleetSim(num_replicas=n, capacity_blocks=capacity, service=FAST)
+    router = Oracle(sim) if oracle else RoundRobin()
+    res = sim.run(reqs, router)
+    assert sorted(router.finished) == list(range(len(reqs)))
+    assert sum(res.served) == len(reqs) and (res.replica >= 0).all()
+    assert (res.ttft >= 0).all()
+    assert 0.0 <= res.hit_rate <= 1.0 and 0.0 <= res.regret <= 1.0
+    for rep in sim.replicas:
+        assert rep.state.in_flight == 0 and not rep.queue
+    if n == 1 or oracle:
+        assert res.lost_blocks == 0 and res.regret == 0.0
+    check_clean(sim)
+
+
+@settings(max_examples=25, deadline=None)
+@given(workloads, st.integers(1, 24))
+def test_one_replica_equals_the_single_cache_baseline(wl, capacity) -> None:
+    # One FIFO replica serves in arrival order: exactly the single cache of the same size.
+    arrivals = np.cumsum([a for a, _, _ in wl])
+    reqs = [req(i, float(t), toks, out) for i, (t, (_, toks, out)) in enumerate(zip(arrivals, wl))]
+    res = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=capacity, service=FAST)
+    assert res.hit_rate == pytest.approx(single_cache_hit_rate(reqs, capacity))
+
+
+def test_synthetic_workloads_have_the_advertised_sharing() -> None:
+    g = grouped_prompts(3, 5, system_len=4, question_len=2, seed=1)
+    assert len(g) == 15 and all(len(r.tokens) == 6 for r in g)
+    assert len({tuple(r.tokens[:4]) for r in g}) == 3
+    assert len({tuple(r.tokens[4:]) for r in g}) == 15
+    assert all(b.arrival >= a.arrival for a, b in zip(g, g[1:]))
+    h = hot_prompt(200, hot_fraction=0.9, system_len=4, seed=2)
+    heads = [tuple(r.tokens[:4]) for r in h]
+    top = max(set(heads), key=heads.count)
+    assert 0.8 < heads.count(top) / 200 < 1.0
+    # With 1 replica and enough room: every group's prompt after the first hits its system prompt.
+    res = simulate(g, RoundRobin(), num_replicas=1, capacity_blocks=100, service=FAST)
+    assert res.hit_tokens == (15 - 3) * 4 * 512
+
+
+# ------------------------------------------------------------------ real trace
+@needs_trace
+@pytest.mark.parametrize("capacity", [64, 300, 5000])
+def test_single_cache_baseline_equals_replay_radix_lru(capacity: int) -> None:
+    trace = load_trace(CONVERSATION)[:300]
+    expected = replay(trace, "radix-lru", capacity, block_size=512).overall_hit_rate
+    assert single_cache_hit_rate(trace, capacity) == pytest.approx(expected)
+    res = simulate(trace, RoundRobin(), num_replicas=1, capacity_blocks=capacity, rate=1e-3)
+    assert res.hit_rate == pytest.approx(expected)
+
+
+@needs_trace
+def test_trace_requests_arrive_in_seconds_from_the_first() -> None:
+    trace = load_trace(CONVERSATION)[:50]
+    reqs = requests_from_trace(trace, limit=20)
+    assert len(reqs) == 20 and reqs[0].arrival == 0.0
+    ts = trace.timestamps
+    assert reqs[-1].arrival == pytest.approx((ts[19] - ts[0]) / 1000.0)
+    assert reqs[3].prompt_tokens == trace.input_lengths[3]
+
+
+@needs_trace
+@pytest.mark.parametrize("name", ["round_robin", "least_loaded", "chwbl", "approx", "exact"])
+def test_real_routers_on_a_trace_prefix(name: str) -> None:
+    trace = load_trace(CONVERSATION)[:300]
+    clock = SimClock(scale=0.01)
+    sim = FleetSim(num_replicas=4, capacity_blocks=500, clock=clock)
+    res = sim.run(trace, build_router(name, clock), rate=0.01)
+    assert sum(res.served) == 300
+    assert res.decision_us_p50 > 0
+    check_clean(sim)
+
+
+def test_exact_router_gets_events_and_wins_on_groups() -> None:
+    g = grouped_prompts(4, 30, system_len=8, question_len=1, arrival_rate=0.05, seed=3)
+    out = {}
+    for name in ("round_robin", "exact"):
+        clock = SimClock()
+        out[name] = simulate(
+            g, build_router(name, clock), num_replicas=4, capacity_blocks=64, clock=clock
+        )
+    assert out["exact"].events_delivered > 0
+    assert out["exact"].hit_rate > out["round_robin"].hit_rate
+
+
+# ------------------------------------------------------------------ CLI
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@needs_trace
+def test_cli_json_has_every_router_and_field(capsys) -> None:
+    code, out, _ = run_cli(
+        capsys,
+        "route-sim",
+        str(CONVERSATION),
+        "--replicas",
+        "2",
+        "--capacity",
+        "200",
+        "--routers",
+        "round_robin,approx",
+        "--limit",
+        "40",
+        "--json",
+        "--no-progress",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"round_robin", "approx"}
+    for row in data.values():
+        for key in ("hit_rate", "ttft_p50", "ttft_p90", "max_mean_load", "regret"):
+            assert key in row
+        assert "decision_us_p50" in row and row["num_requests"] == 40
+
+
+def test_cli_synthetic_table(capsys) -> None:
+    code, out, _ = run_cli(
+        capsys,
+        "route-sim",
+        "--synthetic",
+        "hot",
+        "--requests",
+        "60",
+        "--replicas",
+        "3",
+        "--capacity",
+        "64",
+        "--routers",
+        "round_robin",
+        "--no-progress",
+    )
+    assert code == 0
+    assert "round_robin" in out and "hit_rate" in out
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--replicas", "0", "--capacity", "10"], "--replicas"),
+        (["--replicas", "2", "--capacity", "x"], "--capacity"),
+        (["--replicas", "2", "--capacity", "10", "--routers", "nope"], "nope"),
+        (["--replicas", "2", "--capacity", "10", "--rate", "0"], "--rate"),
+        (["--replicas", "2", "--capacity", "10", "--csv", "/no/such/dir/x.csv"], "--csv"),
+        (["--replicas", "2", "--capacity", "10", "--limit", "0"], "--limit"),
+    ],
+)
+def test_cli_bad_flags_exit_2_with_one_line(capsys, tmp_path, argv, needle) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    code, out, err = run_cli(capsys, "route-sim", str(trace), *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_cli_missing_trace_exits_2(capsys, tmp_path) -> None:
+    code, _, err = run_cli(
+        capsys, "route-sim", str(tmp_path / "none.jsonl"), "--replicas", "2", "--capacity", "9"
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "none.jsonl" in err
