@@ -25,7 +25,13 @@ from radixkv.fleet.sim import (
     single_cache_hit_rate,
 )
 from radixkv.fleet.workloads import SYNTHETIC_WORKLOADS, grouped_prompts, hot_prompt
-from radixkv.replay.cli_types import fail, int_in, one_line_errors, positive_int
+from radixkv.replay.cli_types import (
+    fail,
+    int_in,
+    one_line_errors,
+    output_problem,
+    positive_int,
+)
 from radixkv.replay.trace import TraceError, load_trace
 
 __all__ = ["register", "run_route_sim"]
@@ -84,19 +90,6 @@ def _router_names(text: str) -> list[str]:
                 f"router must be one of {', '.join(ROUTERS)}, got {n!r}"
             )
     return list(dict.fromkeys(names))
-
-
-def _output_problem(flag: str, path: str, suffix: str) -> str | None:
-    if not path.lower().endswith(suffix):
-        return f"{flag}: the file name must end in {suffix}, got {path!r}"
-    if os.path.isdir(path):
-        return f"{flag}: {path!r} is a directory"
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        return f"{flag}: directory {parent!r} does not exist (for {path!r})"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{flag}: directory {parent!r} is not writable (for {path!r})"
-    return None
 
 
 def _can_plot() -> bool:
@@ -162,7 +155,7 @@ def run_route_sim(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as exc:
         return fail(PROG, f"--routers: {exc}")
     for flag, path, suffix in (("--csv", args.csv, ".csv"), ("--png", args.png, ".png")):
-        problem = path and _output_problem(flag, path, suffix)
+        problem = path and output_problem(flag, path, suffix)
         if problem:
             return fail(PROG, problem)
     if args.png and not _can_plot():

@@ -15,7 +15,13 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from radixkv.replay.cli_types import fail, int_in, one_line_errors, open_unit_float
+from radixkv.replay.cli_types import (
+    fail,
+    int_in,
+    one_line_errors,
+    open_unit_float,
+    output_problem,
+)
 from radixkv.replay.config import _MAX_BLOCK_SIZE, _MAX_CAPACITY, REPLAY_POLICIES, ReplayConfig
 from radixkv.replay.replay import replay
 from radixkv.replay.sweep import can_plot, ceiling_row, plot_sweep, run_sweep, write_csv
@@ -128,22 +134,6 @@ def _policy(text: str) -> str:
     return text
 
 
-def _output_problem(flag: str, path: str, suffix: str) -> str | None:
-    """Why ``path`` cannot take ``flag``'s output (a ``suffix`` file), or None if it can."""
-    if not path.lower().endswith(suffix):
-        return f"{flag}: the file name must end in {suffix}, got {path!r}"
-    if os.path.isdir(path):
-        return f"{flag}: {path!r} is a directory"
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        return f"{flag}: directory {parent!r} does not exist (for {path!r})"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{flag}: directory {parent!r} is not writable (for {path!r})"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return f"{flag}: {path!r} is not writable"
-    return None
-
-
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Replay one trace for every policy x capacity; write a CSV and a PNG; print a table.
 
@@ -167,9 +157,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     stem = "stdin" if args.trace == STDIN else os.path.splitext(os.path.basename(args.trace))[0]
     csv_path = args.csv or f"{stem}_sweep.csv"
     png_path = args.png or os.path.splitext(csv_path)[0] + ".png"
-    problem = _output_problem("--csv", csv_path, ".csv")
+    problem = output_problem("--csv", csv_path, ".csv")
     if problem is None and plot:
-        problem = _output_problem("--png", png_path, ".png")
+        problem = output_problem("--png", png_path, ".png")
     if problem is not None:
         return fail(prog, problem)
     trace = _load(prog, args.trace, args)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 __all__ = [
+    "output_problem",
     "EXIT_USAGE",
     "fail",
     "int_in",
@@ -94,3 +96,19 @@ def one_line_errors(parser: argparse.ArgumentParser) -> None:
         return namespace, extras
 
     parser.parse_known_args = parse_strict  # type: ignore[method-assign]
+
+
+def output_problem(flag: str, path: str, suffix: str) -> str | None:
+    """Why ``path`` cannot take ``flag``'s output (a ``suffix`` file), or None if it can."""
+    if not path.lower().endswith(suffix):
+        return f"{flag}: the file name must end in {suffix}, got {path!r}"
+    if os.path.isdir(path):
+        return f"{flag}: {path!r} is a directory"
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        return f"{flag}: directory {parent!r} does not exist (for {path!r})"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag}: directory {parent!r} is not writable (for {path!r})"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"{flag}: {path!r} is not writable"
+    return None
