@@ -21,8 +21,9 @@ whole prefix, and reproducible across processes for a given seed:
 - ``"sha256_cbor"``: vLLM's recipe, ``sha256(cbor2.dumps((parent, tuple(tokens),
   extra_keys), canonical=True))``; the first parent is the same hash of the
   seed. On the wire a hash is its digest's low 64 bits. Needs ``cbor2``.
-- ``"xxhash"``: xxh3-64 over the parent's 8 bytes, the block's int32 tokens and
-  the extra keys' bytes: about 12x cheaper, for radixkv-to-radixkv fleets.
+- ``"xxhash"``: xxh3-64 of the block's int32 tokens (and, for the first block,
+  the extra keys' bytes) seeded with the parent's 64 bits: much cheaper, for
+  radixkv-to-radixkv fleets.
 
 The namespace (a cache salt, a LoRA adapter, a tenant) enters the first block's
 extra keys only, which changes every hash after it: chains of different
@@ -196,12 +197,14 @@ class ChainHasher:
                 out.append(parent)
                 extra = None
             return out
+        # The parent is the seed of its child's hash: no bytes to concatenate per block.
         raw = arr.tobytes()
         step = 4 * block_size
         head = b"" if extra is None else repr(extra).encode()
+        seed = int.from_bytes(parent[-8:], "big")
         for i in range(n):
-            parent = xxhash.xxh3_64_digest(parent + raw[i * step : (i + 1) * step] + head)
-            out.append(parent)
+            seed = xxhash.xxh3_64_intdigest(raw[i * step : (i + 1) * step] + head, seed)
+            out.append(seed.to_bytes(8, "big"))
             head = b""
         return out
 

@@ -331,11 +331,16 @@ class LoadAwareScoring:
        ``on_finish``; where it has none, the router-wide running mean, an
        exponential average with weight 1/32).
        Lowest cost wins; ties by fewer in flight, fewer waiting, first given.
+
+    The defaults (a gap of 2, a gain of 1 block, a weight of 256: load as a
+    tight constraint, then the longest cached prefix) are measured on both
+    Mooncake traces by ``benchmarks/bench_fleet.py --sweep``; docs/fleet.md
+    has the table and why a loose filter or a weight of 1 loses.
     """
 
-    prefill_weight: float = 1.0
-    min_gain_blocks: int = 2
-    max_load_gap: int = 8
+    prefill_weight: float = 256.0
+    min_gain_blocks: int = 1
+    max_load_gap: int = 2
     kv_usage_threshold: float = 0.95
 
     def __post_init__(self) -> None:
@@ -394,9 +399,9 @@ class _PrefixRouter(_BaseRouter):
     def __init__(
         self,
         *,
-        prefill_weight: float = 1.0,
-        min_gain_blocks: int = 2,
-        max_load_gap: int = 8,
+        prefill_weight: float = 256.0,
+        min_gain_blocks: int = 1,
+        max_load_gap: int = 2,
         kv_usage_threshold: float = 0.95,
         **kwargs: Any,
     ) -> None:
