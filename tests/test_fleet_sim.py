@@ -304,6 +304,9 @@ def test_cli_synthetic_table(capsys) -> None:
         (["--replicas", "2", "--capacity", "10", "--rate", "0"], "--rate"),
         (["--replicas", "2", "--capacity", "10", "--csv", "/no/such/dir/x.csv"], "--csv"),
         (["--replicas", "2", "--capacity", "10", "--limit", "0"], "--limit"),
+        (["--replicas", "2", "--capacity", "10", "--load", "-1"], "--load"),
+        (["--replicas", "2", "--capacity", "10", "--load", "1", "--rate", "2"], "--rate"),
+        (["--replicas", "2", "--capacity", "10", "--load", "1"], "--load"),
     ],
 )
 def test_cli_bad_flags_exit_2_with_one_line(capsys, tmp_path, argv, needle) -> None:
@@ -312,6 +315,34 @@ def test_cli_bad_flags_exit_2_with_one_line(capsys, tmp_path, argv, needle) -> N
     code, out, err = run_cli(capsys, "route-sim", str(trace), *argv)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_cli_load_paces_arrivals_to_the_cacheless_utilization(capsys) -> None:
+    """--load 1 slows arrivals until the fleet without a cache is exactly busy: the
+    same requests at --load 4 queue far longer."""
+    ttft = {}
+    for load in ("1", "4"):
+        code, out, _ = run_cli(
+            capsys,
+            "route-sim",
+            "--synthetic",
+            "hot",
+            "--requests",
+            "80",
+            "--replicas",
+            "2",
+            "--capacity",
+            "64",
+            "--routers",
+            "round_robin",
+            "--load",
+            load,
+            "--json",
+            "--no-progress",
+        )
+        assert code == 0
+        ttft[load] = json.loads(out)["round_robin"]["ttft_p90"]
+    assert ttft["4"] > 2 * ttft["1"]
 
 
 def test_cli_missing_trace_exits_2(capsys, tmp_path) -> None:

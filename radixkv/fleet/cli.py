@@ -20,6 +20,7 @@ from radixkv.fleet.sim import (
     SimClock,
     SimRequest,
     build_router,
+    offered_load,
     requests_from_trace,
     simulate,
     single_cache_hit_rate,
@@ -166,10 +167,16 @@ def run_route_sim(args: argparse.Namespace) -> int:
     if args.synthetic and args.limit:
         reqs = reqs[: args.limit]
     service = ServiceModel()
+    rate = args.rate
+    if args.load is not None:
+        busy = offered_load(reqs, service, args.replicas)
+        if not busy > 0 or busy == float("inf"):
+            return fail(PROG, "--load needs at least two requests with distinct arrival times")
+        rate = args.load / busy
     baseline = single_cache_hit_rate(reqs, args.capacity * args.replicas, eviction=args.eviction)
     results: dict[str, dict] = {}
     for name in routers:
-        clock = SimClock(scale=args.rate)
+        clock = SimClock(scale=rate)
         router = build_router(name, clock, seed=args.seed)
         res = simulate(
             reqs,
@@ -177,7 +184,7 @@ def run_route_sim(args: argparse.Namespace) -> int:
             num_replicas=args.replicas,
             capacity_blocks=args.capacity,
             service=service,
-            rate=args.rate,
+            rate=rate,
             event_delay=args.event_delay,
             eviction=args.eviction,
             clock=clock,
@@ -234,11 +241,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="round_robin,least_loaded,pow2,session,chwbl,approx,exact",
         help="comma-separated router names (default: all)",
     )
-    p.add_argument(
+    pace = p.add_mutually_exclusive_group()
+    pace.add_argument(
         "--rate",
         type=_positive_float,
         default=1.0,
         help="arrival speed multiplier: 2 = twice as fast as the trace (default 1)",
+    )
+    pace.add_argument(
+        "--load",
+        type=_positive_float,
+        help="instead of --rate: pace arrivals so the fleet without a cache would be this "
+        "busy (1 = exactly busy, as benchmarks/bench_fleet.py runs)",
     )
     p.add_argument("--limit", type=positive_int, help="only the first N requests")
     p.add_argument(
