@@ -97,95 +97,160 @@ def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return statistics.median(times), (max(times) - min(times))
 
 
-def bench_match_insert(name: str, requests, bs: int, repeats: int, naive: bool) -> list[dict]:
+INPUTS = ("int32", "int64", "list", "tensor")
+
+
+def as_input(kind: str, tokens: np.ndarray, table: np.ndarray) -> tuple[object, object]:
+    """One request's tokens and block table in the form a caller of ``kind`` passes:
+    int32 arrays; int64 tokens (torch's and numpy's default) with an int32 table; Python
+    lists of both (what ``alloc.alloc()`` returns); CPU torch int64 tensors of both."""
+    if kind == "int32":
+        return tokens, table
+    if kind == "int64":
+        return tokens.astype(np.int64), table
+    if kind == "list":
+        return tokens.tolist(), table.tolist()
+    import torch
+
+    return torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(table.astype(np.int64))
+
+
+def _timed(fn: Callable[[], float], repeats: int) -> tuple[float, float]:
+    """Median and spread of ``fn()``'s own measurement over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        times.append(fn())
+    return statistics.median(times), max(times) - min(times)
+
+
+def bench_match_insert(
+    name: str, requests, bs: int, repeats: int, naive: bool, inputs: tuple[str, ...] = INPUTS
+) -> list[dict]:
+    """insert (empty tree, every request) and match (full tree, every request: all hits)
+    for each input kind, plus three same-run baselines: ``conversion`` (one
+    ``np.fromiter`` of the request's token list, and for insert its block list: what
+    an array-based path must pay once for list input), ``floor`` (match's unavoidable
+    work: read the query once, take one reference per matched block) and the naive
+    per-token trie (lists)."""
     tables, n_ids = block_tables(requests, bs)
     n_req = len(requests)
     n_tok = sum(len(t) for _, t in requests)
-    rows = []
 
     def build() -> RadixCache:
         alloc = BlockAllocator(num_blocks=max(n_ids, 1), block_size=bs)
         alloc.alloc_array(n_ids)  # every block id is "written" by its request
         return RadixCache(alloc)
 
-    state: dict = {}
+    full = build()
+    for (_, tokens), table in zip(requests, tables):
+        full.insert(tokens, table)
+    alloc = full.allocator
+    measured: dict[tuple[str, str], tuple[float, float]] = {}
+    for kind in inputs:
+        if kind == "tensor":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                continue
+        pairs = [as_input(kind, t, tb) for (_, t), tb in zip(requests, tables)]
 
-    def do_insert() -> None:
-        cache = build()
-        insert = cache.insert
+        def do_insert(pairs=pairs) -> float:
+            insert = build().insert
+            t0 = time.perf_counter()
+            for tokens, table in pairs:
+                insert(tokens, table)
+            return time.perf_counter() - t0
+
+        def do_match(pairs=pairs) -> float:
+            match = full.match
+            t0 = time.perf_counter()
+            results = [match(tokens) for tokens, _ in pairs]
+            dt = time.perf_counter() - t0
+            for m in results:
+                alloc.decref_distinct(m.block_array)
+            return dt
+
+        do_insert()  # warm-up: numba kernels load from their disk cache on first call
+        do_match()
+        measured[("insert", kind)] = _timed(do_insert, repeats)
+        measured[("match", kind)] = _timed(do_match, repeats)
+
+    lists = [(t.tolist(), tb.tolist()) for (_, t), tb in zip(requests, tables)]
+
+    def convert_tokens() -> float:
+        t0 = time.perf_counter()
+        for tokens, _ in lists:
+            np.fromiter(tokens, dtype=np.int32, count=len(tokens))
+        return time.perf_counter() - t0
+
+    def convert_both() -> float:
+        t0 = time.perf_counter()
+        for tokens, table in lists:
+            np.fromiter(tokens, dtype=np.int32, count=len(tokens))
+            np.fromiter(table, dtype=np.int32, count=len(table))
+        return time.perf_counter() - t0
+
+    def floor() -> float:
         t0 = time.perf_counter()
         for (_, tokens), table in zip(requests, tables):
-            insert(tokens, table)
-        state["insert"] = time.perf_counter() - t0
-        state["cache"] = cache
+            tokens.tobytes()  # one read of the query
+            alloc.incref_distinct(table)  # one reference per matched block
+        dt = time.perf_counter() - t0
+        for table in tables:
+            alloc.decref_distinct(table)
+        return dt
 
-    def do_match() -> None:
-        match = state["cache"].match
-        t0 = time.perf_counter()
-        results = [match(tokens) for _, tokens in requests]
-        state["match"] = time.perf_counter() - t0
-        alloc = state["cache"].allocator
-        for m in results:
-            alloc.decref_distinct(m.block_array)
-
-    def do_match_list() -> None:
-        lists = [t.tolist() for _, t in requests]
-        match = state["cache"].match
-        t0 = time.perf_counter()
-        results = [match(tokens) for tokens in lists]
-        state["match_list"] = time.perf_counter() - t0
-        for m in results:
-            state["cache"].allocator.decref_distinct(m.block_array)
-
-    measured: dict[str, list[float]] = {"insert": [], "match": [], "match_list": []}
-    do_insert()  # warm-up: numba kernels load from their disk cache on first call
-    do_match()
-    for _ in range(repeats):
-        gc.collect()
-        do_insert()
-        do_match()
-        do_match_list()
-        for k in measured:
-            measured[k].append(state[k])
-    floor: dict[str, float] = {}
+    measured[("insert", "conversion")] = _timed(convert_both, repeats)
+    measured[("match", "conversion")] = _timed(convert_tokens, repeats)
+    measured[("match", "floor")] = _timed(floor, repeats)
+    naive_time: dict[str, float] = {}
     if naive:
-        lists = [t.tolist() for _, t in requests]
-        tlists = [t.tolist() for t in tables]
-        trie_holder: dict = {}
+        holder: dict = {}
 
-        def naive_insert() -> None:
+        def naive_insert() -> float:
             trie = NaiveTrie(bs)
-            for tokens, table in zip(lists, tlists):
+            t0 = time.perf_counter()
+            for tokens, table in lists:
                 trie.insert(tokens, table)
-            trie_holder["t"] = trie
+            holder["t"] = trie
+            return time.perf_counter() - t0
 
-        def naive_match() -> None:
-            trie = trie_holder["t"]
-            for tokens in lists:
+        def naive_match() -> float:
+            trie = holder["t"]
+            t0 = time.perf_counter()
+            for tokens, _ in lists:
                 trie.match(tokens)
+            return time.perf_counter() - t0
 
-        floor["insert"], _ = median_time(naive_insert, max(1, repeats // 2))
-        floor["match"], _ = median_time(naive_match, max(1, repeats // 2))
-        floor["match_list"] = floor["match"]
-    for op in ("insert", "match", "match_list"):
-        med = statistics.median(measured[op])
-        spread = max(measured[op]) - min(measured[op])
-        rows.append(
-            {
-                "workload": name,
-                "block_size": bs,
-                "op": "match (list input)" if op == "match_list" else op,
-                "requests": n_req,
-                "tokens": n_tok,
-                "us_per_req": 1e6 * med / n_req,
-                "spread_us": 1e6 * spread / n_req,
-                "mtok_per_s": n_tok / med / 1e6,
-                "naive_us_per_req": 1e6 * floor[op] / n_req if op in floor else float("nan"),
-                "speedup_vs_naive": floor[op] / med if op in floor else float("nan"),
-            }
-        )
-    cache = state["cache"]
-    rows.append(memory_row(name, requests, tables, n_ids, bs, cache.cached_blocks))
+        naive_time["insert"], _ = _timed(naive_insert, max(1, repeats // 2))
+        naive_time["match"], _ = _timed(naive_match, max(1, repeats // 2))
+    rows = []
+    for (op, kind), (med, spread) in measured.items():
+        row = {
+            "workload": name,
+            "block_size": bs,
+            "op": op,
+            "input": kind,
+            "requests": n_req,
+            "tokens": n_tok,
+            "us_per_req": 1e6 * med / n_req,
+            "spread_us": 1e6 * spread / n_req,
+            "mtok_per_s": n_tok / med / 1e6,
+        }
+        if kind in INPUTS and op in naive_time:
+            row["naive_us_per_req"] = 1e6 * naive_time[op] / n_req
+            row["speedup_vs_naive"] = naive_time[op] / med
+        rows.append(row)
+    by = {(r["op"], r["input"]): r["us_per_req"] for r in rows}
+    for r in rows:
+        op = r["op"]
+        if r["input"] == "list" and ("insert", "int32") in by:
+            # the goal: a list never costs more than the int32 path plus one conversion
+            r["bound_us"] = by[(op, "int32")] + by[(op, "conversion")]
+        if op == "match" and r["input"] == "int32":
+            r["vs_floor"] = r["us_per_req"] / by[("match", "floor")]
+    rows.append(memory_row(name, requests, tables, n_ids, bs, full.cached_blocks))
     return rows
 
 
@@ -270,13 +335,13 @@ def bench_evict(sizes: list[int], bs: int, repeats: int, naive_size: int) -> lis
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"{'workload':<8} {'bs':>3} {'op':<20} {'us/req':>9} {'±':>6} {'Mtok/s':>8} "
-        f"{'naive us':>10} {'x naive':>8}"
+        f"{'workload':<8} {'bs':>3} {'op':<7} {'input':<11} {'us/req':>9} {'±':>7} "
+        f"{'Mtok/s':>8} {'naive us':>9} {'x naive':>8}  note"
     )
     for r in rows:
         if r["op"] == "memory":
             print(
-                f"{r['workload']:<8} {r['block_size']:>3} {'memory':<20} "
+                f"{r['workload']:<8} {r['block_size']:>3} {'memory':<19} "
                 f"{r['bytes_per_token']:>8.2f} B/token  {r['bytes_per_block']:.1f} B/block  "
                 f"{r['nodes']} nodes"
             )
@@ -291,10 +356,21 @@ def print_table(rows: list[dict]) -> None:
                 f"{r['us_per_block']:>7.3f} us/block {'':>8}{extra}"
             )
         else:
+            note = ""
+            if "bound_us" in r:
+                ratio = r["us_per_req"] / r["bound_us"]
+                note = f"int32 + conversion {r['bound_us']:.1f} (x{ratio:.2f})"
+            elif "vs_floor" in r:
+                note = f"x{r['vs_floor']:.2f} the floor"
+            naive = (
+                f"{r['naive_us_per_req']:>9.1f} {r['speedup_vs_naive']:>8.1f}"
+                if "naive_us_per_req" in r
+                else f"{'':>9} {'':>8}"
+            )
             print(
-                f"{r['workload']:<8} {r['block_size']:>3} {r['op']:<20} {r['us_per_req']:>9.2f} "
-                f"{r['spread_us']:>6.2f} {r['mtok_per_s']:>8.1f} {r['naive_us_per_req']:>10.1f} "
-                f"{r['speedup_vs_naive']:>8.1f}"
+                f"{r['workload']:<8} {r['block_size']:>3} {r['op']:<7} {r['input']:<11} "
+                f"{r['us_per_req']:>9.2f} {r['spread_us']:>7.2f} {r['mtok_per_s']:>8.1f} "
+                f"{naive}  {note}"
             )
 
 

@@ -11,6 +11,7 @@ function of the package.
 
 from __future__ import annotations
 
+import array
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,9 @@ TOKEN_DTYPE = np.int32
 BLOCK_DTYPE = np.int32
 _INFO = np.iinfo(np.int32)  # both dtypes are int32: one range check serves both
 _INT32 = np.dtype(np.int32)
+_INT64 = np.dtype(np.int64)
+# array.array's C int code; 4 bytes on every platform numpy ships for, checked all the same.
+_ARRAY_CODE = "i" if array.array("i").itemsize == 4 else None
 
 # A list/tuple of ints, a 1-D integer numpy array, or a 1-D integer torch tensor.
 TokenSeq = Sequence[int] | np.ndarray | Any
@@ -145,11 +149,23 @@ def _tensor_to_numpy(x: Any, what: str) -> np.ndarray:
 
 
 def _list_to_numpy(seq: Sequence, what: str) -> np.ndarray:
-    """``np.asarray(seq)``, or the error naming ``what``'s first entry that is no int32 int.
+    """``seq`` as an integer array, or the error naming ``what``'s first entry that is no
+    int32 int.
 
-    numpy turns ``[2**63, 1]`` into float64 and ``[2**64]`` into object, which
-    would report a dtype the caller never wrote: an int entry is what is wrong.
+    The fast path is ``array.array("i", seq)``: one C loop that takes each
+    entry's ``__index__`` and checks the int32 range (about half the time of
+    ``np.asarray``, which infers a dtype first and leaves int64 to narrow),
+    viewed by numpy without a copy. A list of bools, which numpy would call a
+    bool array, and anything the fast path refuses take the general path, so
+    every error is the same as before. numpy turns ``[2**63, 1]`` into
+    float64 and ``[2**64]`` into object, which would report a dtype the caller
+    never wrote: an int entry is what is wrong.
     """
+    if _ARRAY_CODE is not None and type(seq[0]) is not bool:
+        try:
+            return np.frombuffer(array.array(_ARRAY_CODE, seq), dtype=np.int32)
+        except (TypeError, OverflowError, ValueError):
+            pass  # the general path below names the entry
     try:
         arr = np.asarray(seq)
     except (ValueError, TypeError, OverflowError):  # ragged or nested: name the entry
@@ -176,6 +192,14 @@ def _as_int32(arr: np.ndarray, what: str, ids: str) -> np.ndarray:
         if arr.size == 0:
             return np.empty(0, dtype=np.int32)
         raise TypeError(f"{what} must be integers, got dtype {arr.dtype}")
+    if arr.dtype is _INT64 or arr.dtype == _INT64:  # torch's default, and numpy's
+        out = np.empty(arr.size, dtype=np.int32)
+        bad = kernels.narrow_int32(arr, out)
+        if bad >= 0:
+            raise ValueError(
+                f"{what}[{bad}] is {arr[bad]}: {ids} must fit in int32 [{_INFO.min}, {_INFO.max}]"
+            )
+        return out
     if arr.dtype != np.int32:
         if arr.size and (arr.min() < _INFO.min or arr.max() > _INFO.max):
             i = int(np.flatnonzero((arr < _INFO.min) | (arr > _INFO.max))[0])
