@@ -47,6 +47,8 @@ class _TrieNode:
         self.children = {}  # first token -> node
         self.depth_end = depth_end  # tokens from the root to the end of this node
         self.last_access = last_access
+        self.hits = 0  # matches through it
+        self.created = last_access
 
 
 def radix_reference(requests: Requests, capacity: int, eviction: str):
@@ -57,15 +59,26 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
     the node where the sequence ends or diverges (the head takes the clock); ``evict``
     repeatedly removes the whole leaf with the smallest key among leaves off the request's
     matched path, scanning every node (``level``: deepest end first, then least recently
-    used; ``lru``: least recently used); ``insert`` touches the path and hangs the new
-    tokens under it as one leaf. Every match and insert ticks the clock.
+    used; ``lru``: least recently used; ``lfu``: fewest hits, then LRU; ``fifo``: oldest
+    creation; ``priority``: all 0 in a replay, so LRU; ``lrfu``: last access plus 1000 per
+    hit for up to 3 hits, then last access); ``insert`` touches the path and hangs the new
+    tokens under it as one leaf. Every match and insert ticks the clock; every node a match
+    walks through (a split's head included) counts a hit.
     """
     root = _TrieNode([], None, 0, 0)
     clock = 0
     cached = 0
 
     def key(node):
-        return (-node.depth_end, node.last_access) if eviction == "level" else (node.last_access,)
+        last = node.last_access
+        return {
+            "level": (-node.depth_end, last),
+            "lru": (last,),
+            "lfu": (node.hits, last),
+            "fifo": (node.created,),
+            "priority": (0, last),
+            "lrfu": (last + 1000 * min(node.hits, 3), last),
+        }[eviction]
 
     def nodes():
         stack = list(root.children.values())
@@ -77,6 +90,8 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
     def split(node, k):
         head = _TrieNode(node.tokens[:k], node.parent, node.depth_end - (len(node.tokens) - k), 0)
         head.last_access = node.last_access
+        head.hits = node.hits
+        head.created = node.created
         node.parent.children[head.tokens[0]] = head
         node.tokens = node.tokens[k:]
         node.parent = head
@@ -111,6 +126,7 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
         path, matched = walk(seq)
         for node in path:
             node.last_access = clock
+            node.hits += 1
         hit_blocks.append(matched)
         need = len(seq) - matched
         if not need:

@@ -586,5 +586,5 @@ def test_a_failed_construction_claims_nothing() -> None:
     with pytest.raises(ValueError, match="hash_fn"):
         HashBlockCache(alloc, hash_fn="md5")
     with pytest.raises(ValueError, match="eviction"):
-        RadixCache(alloc, eviction="fifo")
+        RadixCache(alloc, eviction="mru")
     RadixCache(alloc).check()

@@ -214,7 +214,7 @@ def test_insert_bad_blocks_raise_before_any_change() -> None:
 def test_bad_construction_and_evict_args() -> None:
     alloc = BlockAllocator(num_blocks=4, block_size=2)
     with pytest.raises(ValueError, match="eviction must be one of"):
-        RadixCache(alloc, eviction="fifo")
+        RadixCache(alloc, eviction="mru")
     with pytest.raises(TypeError):
         RadixCache("not an allocator")  # type: ignore[arg-type]
     cache = RadixCache(alloc)

@@ -1,11 +1,30 @@
 """Eviction orders for the radix tree: each a small class with one hook, ``key``.
 
-The tree keeps every leaf in a sorted index by ``key(node)`` and evicts from
-the smallest key up. A key may read only fields that stay fixed while the
-node is a leaf in the index, except through the tree's own re-keying on touch:
-``last_access`` (a logical clock, bumped by match and insert) and
-``depth_end`` (tokens from the root to the end of the node, which a split of
-the node's head does not change).
+The tree keeps every leaf in a sorted index by ``key(leaf)`` and evicts from
+the smallest key up. ``key`` sees a :class:`LeafView`: the leaf's last access
+(a logical clock, bumped by match and insert), its depth in tokens, its hit
+count (matches through it), its creation time, its priority (the highest an
+insert through it gave) and its size in blocks. It must not change the leaf.
+
+A key must never get smaller when the leaf is touched (matched, inserted
+through, or split at its head): the tree files a key once and re-files it
+lazily when it pops a stale one, trusting keys only grow
+(``RadixCache.check()`` verifies it). Every field above only grows on a touch,
+except ``num_blocks`` (a split shrinks the tail), which no built-in order reads.
+
+Orders (``EVICTION_ORDERS``):
+
+- ``lru``: least recently used leaf first (SGLang's default).
+- ``level``: deepest leaf first, LRU within a depth (the design card's order).
+- ``lfu``: fewest hits first, LRU among equal hits.
+- ``fifo``: oldest leaf first, however often it is used.
+- ``priority``: lowest priority first, LRU among equal priority (SGLang's
+  priority order; ``RadixCache.insert(..., priority=p)``).
+- ``lrfu``: recency with a frequency bonus, scan-resistant: a leaf's key is
+  its last access plus ``boost`` ticks for each of its first ``max_hits``
+  hits, so a leaf matched three times outlives one inserted ``3 * boost``
+  ticks later and never used; a scan of one-off prompts (no hits) ages out
+  first. ``docs/replay.md`` has the measurements behind the defaults.
 """
 
 from __future__ import annotations
@@ -15,16 +34,33 @@ from typing import Protocol
 __all__ = [
     "EVICTION_ORDERS",
     "EvictionOrder",
+    "FifoOrder",
+    "LeafView",
     "LevelOrder",
+    "LfuOrder",
+    "LrfuOrder",
     "LruOrder",
+    "PriorityOrder",
     "check_key",
     "make_eviction_order",
 ]
 
 
-class _KeyedNode(Protocol):
-    last_access: int
-    depth_end: int
+class LeafView(Protocol):
+    """What an eviction order reads of a leaf (read-only: an order must not assign to it)."""
+
+    @property
+    def last_access(self) -> int: ...
+    @property
+    def depth_end(self) -> int: ...
+    @property
+    def hits(self) -> int: ...
+    @property
+    def created(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
 
 
 class EvictionOrder(Protocol):
@@ -32,9 +68,9 @@ class EvictionOrder(Protocol):
 
     name: str
 
-    def key(self, node: _KeyedNode) -> tuple[int, ...]:
+    def key(self, node: LeafView) -> tuple[int, ...]:
         """Sort key of a leaf: a tuple (the tree compares a filed key with a fresh one, and a
-        list never equals a tuple); cheap, a pure function of the node's fields, never
+        list never equals a tuple); cheap, a pure function of the leaf's fields, never
         smaller after a touch (the tree re-files stale keys lazily, trusting they only
         grow; ``RadixCache.check()`` verifies it)."""
         ...
@@ -45,7 +81,7 @@ class LevelOrder:
 
     name = "level"
 
-    def key(self, node: _KeyedNode) -> tuple[int, ...]:
+    def key(self, node: LeafView) -> tuple[int, ...]:
         return (-node.depth_end, node.last_access)
 
 
@@ -54,15 +90,71 @@ class LruOrder:
 
     name = "lru"
 
-    def key(self, node: _KeyedNode) -> tuple[int, ...]:
+    def key(self, node: LeafView) -> tuple[int, ...]:
         return (node.last_access,)
 
 
-EVICTION_ORDERS: dict[str, type] = {"level": LevelOrder, "lru": LruOrder}
+class LfuOrder:
+    """Fewest hits first; least recently used among equal hits."""
+
+    name = "lfu"
+
+    def key(self, node: LeafView) -> tuple[int, ...]:
+        return (node.hits, node.last_access)
+
+
+class FifoOrder:
+    """Oldest leaf first (creation time; a split's head keeps its node's), use ignored."""
+
+    name = "fifo"
+
+    def key(self, node: LeafView) -> tuple[int, ...]:
+        return (node.created,)
+
+
+class PriorityOrder:
+    """Lowest priority first, LRU among equal priority (SGLang's priority order)."""
+
+    name = "priority"
+
+    def key(self, node: LeafView) -> tuple[int, ...]:
+        return (node.priority, node.last_access)
+
+
+class LrfuOrder:
+    """Recency plus a bonus of ``boost`` clock ticks per hit, for the first ``max_hits`` hits.
+
+    The tree's clock ticks once per match and once per insert (about twice
+    per request). ``ValueError`` naming the argument unless both are ints >= 0.
+    """
+
+    name = "lrfu"
+
+    def __init__(self, boost: int = 1000, max_hits: int = 3) -> None:
+        for arg, value in (("boost", boost), ("max_hits", max_hits)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
+        self.boost = boost
+        self.max_hits = max_hits
+
+    def key(self, node: LeafView) -> tuple[int, ...]:
+        hits, last = node.hits, node.last_access
+        # last access breaks ties: keys then never tie, whatever order leaves were filed in
+        return (last + self.boost * (hits if hits < self.max_hits else self.max_hits), last)
+
+
+EVICTION_ORDERS: dict[str, type] = {
+    "level": LevelOrder,
+    "lru": LruOrder,
+    "lfu": LfuOrder,
+    "fifo": FifoOrder,
+    "priority": PriorityOrder,
+    "lrfu": LrfuOrder,
+}
 
 
 def make_eviction_order(eviction: str | EvictionOrder) -> EvictionOrder:
-    """An eviction order from its name (``"level"``, ``"lru"``) or an object with ``key``."""
+    """An eviction order from its name (a key of ``EVICTION_ORDERS``) or an object with ``key``."""
     if isinstance(eviction, str):
         try:
             return EVICTION_ORDERS[eviction]()

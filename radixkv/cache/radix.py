@@ -73,6 +73,11 @@ class _Node:
 
     ``digests`` is None with events off; with events on, the blocks' chained
     event digests concatenated (``digest_size`` bytes per block, in order).
+    What an eviction order may read (``radixkv.cache.eviction.LeafView``):
+    ``last_access`` (logical clock of the last match or insert through it),
+    ``depth_end``, ``hits`` (matches through it), ``created`` (clock at its
+    insert; a split's head keeps it), ``priority`` (the highest an insert
+    through it gave) and ``num_blocks``.
     """
 
     __slots__ = (
@@ -84,6 +89,9 @@ class _Node:
         "last_access",
         "entry",
         "digests",
+        "hits",
+        "created",
+        "priority",
     )
 
     def __init__(
@@ -94,6 +102,7 @@ class _Node:
         depth_end: int,
         last_access: int,
         digests: bytes | None = None,
+        priority: int = 0,
     ) -> None:
         self.key = key  # the node's tokens: int32 bytes, block-aligned
         self.blocks = blocks  # int32 array, one block per block_size tokens
@@ -103,6 +112,13 @@ class _Node:
         self.last_access = last_access
         self.entry: tuple | None = None
         self.digests = digests
+        self.hits = 0
+        self.created = last_access
+        self.priority = priority
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
 
     def tokens(self) -> np.ndarray:
         return np.frombuffer(self.key, dtype=TOKEN_DTYPE)
@@ -301,12 +317,14 @@ class RadixCache:
             if data.startswith(child.key, pos):
                 node = child
                 node.last_access = clock
+                node.hits += 1
                 parts.append(node.blocks)
                 pos += len(node.key)
                 continue
             k = self._common_blocks(child, arr, pos // _TOKEN_BYTES, n_blocks * bs)
             node = self._split(child, k)
             node.last_access = clock
+            node.hits += 1
             parts.append(node.blocks)
             pos += k * bb
             break
@@ -336,8 +354,19 @@ class RadixCache:
         return pos // _TOKEN_BYTES
 
     # ----------------------------------------------------------------- insert
-    def insert(self, tokens: TokenSeq, blocks: BlockSeq, namespace: Hashable = None) -> int:
+    def insert(
+        self,
+        tokens: TokenSeq,
+        blocks: BlockSeq,
+        namespace: Hashable = None,
+        *,
+        priority: int = 0,
+    ) -> int:
         """Cache the full blocks of ``tokens``; return how many leading tokens were cached already.
+
+        ``priority`` (an int, default 0) is what the ``"priority"`` eviction
+        order reads: every node on the inserted path keeps the highest
+        priority any insert through it gave (lower goes first).
 
         ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``: an ordered
         sequence (list, tuple, 1-D integer array or tensor) of at least
@@ -359,6 +388,9 @@ class RadixCache:
         """
         arr = as_token_array(tokens)
         ns_key = namespace_key(namespace)
+        if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        priority = int(priority)
         root = self._roots.get(ns_key)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
@@ -399,14 +431,20 @@ class RadixCache:
             node = root
         for n in path:
             n.last_access = clock
+            if priority > n.priority:
+                n.priority = priority
         if new.size:
             if split_child is not None:
                 node = self._split(split_child, split_at)
                 node.last_access = clock
+                if priority > node.priority:
+                    node.priority = priority
             added = arr[pos // _TOKEN_BYTES : n_blocks * bs]
             data = added.tobytes()
             digests = None if self._events is None else self._stored(node, added)
-            leaf = _Node(data, new.copy(), node, node.depth_end + len(new) * bs, clock, digests)
+            leaf = _Node(
+                data, new.copy(), node, node.depth_end + len(new) * bs, clock, digests, priority
+            )
             if node.entry is not None:
                 self._forget_entry(node)
             node.children[data[:bb]] = leaf
@@ -585,7 +623,11 @@ class RadixCache:
             parent,
             node.depth_end - (len(node.key) - cut) // _TOKEN_BYTES,
             node.last_access,
+            None,
+            node.priority,
         )
+        head.hits = node.hits
+        head.created = node.created
         parent.children[node.key[:bb]] = head
         node.key = node.key[cut:]
         node.blocks = node.blocks[k:].copy()

@@ -58,7 +58,9 @@ class EngineConfig:
     - ``num_blocks``: KV pool blocks; None sizes the pool from ``kv_memory_bytes``.
     - ``cache``: ``"radix"`` (:class:`~radixkv.RadixCache`), ``"hash"``
       (:class:`~radixkv.HashBlockCache`) or None (no caching: a ``NullCache``).
-    - ``eviction``: the radix cache's eviction order (``"level"`` or ``"lru"``).
+    - ``eviction``: the radix cache's eviction order, a name in
+      ``radixkv.cache.eviction.EVICTION_ORDERS`` (``"level"``, ``"lru"``, ``"lfu"``,
+      ``"fifo"``, ``"priority"``, ``"lrfu"``).
     - ``kv_dtype`` / ``device``: of the pool; None takes the model's.
     - ``seed``: requests sampled without a seed of their own draw theirs from
       this and their arrival order in the engine, so a fresh engine repeats

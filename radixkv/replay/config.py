@@ -6,10 +6,13 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from radixkv.cache.eviction import EVICTION_ORDERS
+
 __all__ = ["FLAT_POLICIES", "RADIX_POLICIES", "REPLAY_POLICIES", "ReplayConfig"]
 
 FLAT_POLICIES: tuple[str, ...] = ("lru", "lfu", "s3fifo")
-RADIX_POLICIES: tuple[str, ...] = ("radix-level", "radix-lru")
+# One replay policy per tree eviction order: "radix-" + the order's name.
+RADIX_POLICIES: tuple[str, ...] = tuple(f"radix-{name}" for name in EVICTION_ORDERS)
 REPLAY_POLICIES: tuple[str, ...] = FLAT_POLICIES + RADIX_POLICIES
 
 # block_size * (blocks in a request) must stay far inside int64.

@@ -2,9 +2,10 @@
 
 Each dense hash id is one token of a ``RadixCache`` over a
 ``BlockAllocator(num_blocks=capacity, block_size=1)``, so the tree's blocks
-are the cache's blocks and its prefix-closed eviction is the policy
-(``"radix-level"``: deepest leaves first; ``"radix-lru"``: least recently
-used leaf first).
+are the cache's blocks and its prefix-closed eviction is the policy:
+``"radix-<order>"`` for every order in ``radixkv.cache.eviction.EVICTION_ORDERS``
+(``radix-lru``, ``radix-level``, ``radix-lfu``, ``radix-fifo``,
+``radix-priority``, ``radix-lrfu``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.eviction import EVICTION_ORDERS
 from radixkv.cache.radix import RadixCache
 from radixkv.replay.trace import Trace
 
 __all__ = ["RadixReplayer", "radix_replay"]
 
-_EVICTION = {"radix-level": "level", "radix-lru": "lru"}
+_EVICTION = {f"radix-{name}": name for name in EVICTION_ORDERS}
 
 
 class RadixReplayer:

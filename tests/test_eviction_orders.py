@@ -1,0 +1,159 @@
+"""The tree's eviction orders (issue 15, part A): each order's victim on a small example,
+the fields the orders read, and the rule that keys never shrink on a touch.
+
+The replay differential tests (tests/test_replay_radix.py) check every order against a
+brute-force tree on random and real traces; these pin each order's meaning directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixkv import BlockAllocator, RadixCache
+from radixkv.cache.eviction import EVICTION_ORDERS, LrfuOrder
+
+
+def cache_with(order, num_blocks: int = 16) -> tuple[RadixCache, BlockAllocator]:
+    alloc = BlockAllocator(num_blocks=num_blocks, block_size=1)
+    return RadixCache(alloc, eviction=order), alloc
+
+
+def put(cache: RadixCache, alloc: BlockAllocator, tokens: list[int], **kw) -> None:
+    blocks = alloc.alloc(len(tokens))
+    cache.insert(tokens, blocks, **kw)
+    alloc.decref(blocks)
+
+
+def hit(cache: RadixCache, alloc: BlockAllocator, tokens: list[int]) -> int:
+    m = cache.match(tokens)
+    alloc.decref_distinct(m.block_array)
+    return m.num_tokens
+
+
+def survivors(cache: RadixCache, prompts: list[list[int]]) -> list[bool]:
+    return [cache.peek(p) == len(p) for p in prompts]
+
+
+A, B, C = [1, 2], [3, 4], [5, 6]
+
+
+def test_lru_evicts_the_least_recently_used_leaf() -> None:
+    cache, alloc = cache_with("lru")
+    for p in (A, B, C):
+        put(cache, alloc, p)
+    hit(cache, alloc, A)
+    cache.evict(2)
+    assert survivors(cache, [A, B, C]) == [True, False, True]
+
+
+def test_lfu_keeps_the_most_hit_leaf_even_when_old() -> None:
+    cache, alloc = cache_with("lfu")
+    for p in (A, B, C):
+        put(cache, alloc, p)
+    hit(cache, alloc, A)
+    hit(cache, alloc, A)
+    hit(cache, alloc, B)
+    cache.evict(2)  # C: no hits
+    assert survivors(cache, [A, B, C]) == [True, True, False]
+    cache.evict(2)  # B: one hit, A two
+    assert survivors(cache, [A, B, C]) == [True, False, False]
+
+
+def test_fifo_ignores_use() -> None:
+    cache, alloc = cache_with("fifo")
+    for p in (A, B, C):
+        put(cache, alloc, p)
+    for _ in range(3):
+        hit(cache, alloc, A)
+    cache.evict(2)
+    assert survivors(cache, [A, B, C]) == [False, True, True]
+
+
+def test_priority_goes_lowest_first_then_lru_and_keeps_the_highest_given() -> None:
+    cache, alloc = cache_with("priority")
+    put(cache, alloc, A, priority=5)
+    put(cache, alloc, B, priority=1)
+    put(cache, alloc, C, priority=1)
+    hit(cache, alloc, B)
+    cache.evict(2)  # C: priority 1 and older use than B
+    assert survivors(cache, [A, B, C]) == [True, True, False]
+    put(cache, alloc, B, priority=9)  # re-insert through B raises it
+    put(cache, alloc, C, priority=0)
+    cache.evict(4)
+    assert survivors(cache, [A, B, C]) == [False, True, False]
+
+
+def test_a_split_head_keeps_hits_creation_and_priority() -> None:
+    cache, alloc = cache_with("lfu")
+    put(cache, alloc, [1, 2, 3, 4], priority=3)
+    hit(cache, alloc, [1, 2, 3, 4])
+    hit(cache, alloc, [1, 2, 9])  # splits after [1, 2]; the head is hit again
+    cache.check()
+    root = cache._roots[None]
+    [head] = root.children.values()
+    [tail] = head.children.values()
+    assert (head.hits, tail.hits) == (2, 1)
+    assert head.created == tail.created and head.priority == tail.priority == 3
+
+
+def test_lrfu_gives_each_hit_a_bonus_up_to_max_hits() -> None:
+    cache, alloc = cache_with(LrfuOrder(boost=10, max_hits=2))
+    put(cache, alloc, A)  # clock 1
+    hit(cache, alloc, A)  # clock 2: key 2 + 10
+    for p in ([7], [8], [9], [10], [11]):  # clocks 3..7: newer, no hits
+        put(cache, alloc, p)
+    cache.evict(1)
+    assert survivors(cache, [A, [7]]) == [True, False]
+
+
+@pytest.mark.parametrize("arg", ["boost", "max_hits"])
+@pytest.mark.parametrize("value", [-1, 1.5, True, None])
+def test_lrfu_arguments_are_checked_by_name(arg: str, value: object) -> None:
+    with pytest.raises(ValueError, match=arg):
+        LrfuOrder(**{arg: value})
+
+
+@pytest.mark.parametrize("priority", [1.5, "2", True, None])
+def test_priority_must_be_an_int_and_nothing_changes_on_refusal(priority: object) -> None:
+    cache, alloc = cache_with("priority")
+    blocks = alloc.alloc(2)
+    with pytest.raises(TypeError, match="priority"):
+        cache.insert(A, blocks, priority=priority)
+    assert cache.cached_blocks == 0
+    cache.check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    order=st.sampled_from(sorted(EVICTION_ORDERS)),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "match", "evict"]),
+            st.lists(st.integers(0, 3), min_size=1, max_size=6),
+            st.integers(-2, 2),
+        ),
+        max_size=40,
+    ),
+)
+def test_every_order_keeps_the_tree_whole_under_any_workload(order, ops) -> None:
+    """check() verifies, among the rest, that no filed key is larger than its fresh key."""
+    cache, alloc = cache_with(order, num_blocks=24)
+    for op, tokens, prio in ops:
+        if op == "insert":
+            if alloc.num_free < len(tokens):
+                cache.evict(len(tokens) - alloc.num_free)
+            n = min(len(tokens), alloc.num_free)
+            if n:
+                blocks = alloc.alloc(n)
+                cache.insert(tokens[:n], blocks, priority=prio)
+                alloc.decref(blocks)
+        elif op == "match":
+            hit(cache, alloc, tokens)
+        else:
+            cache.evict(len(tokens))
+        cache.check()
+    assert cache.cached_blocks + alloc.num_free == 24
+    np.testing.assert_array_equal(alloc.refcounts(cache.held_blocks()), 1)
