@@ -23,7 +23,12 @@ from radixkv.replay.cli_types import one_line_errors
 
 __all__ = ["EXIT_BROKEN_PIPE", "build_parser", "main", "version"]
 
-_COMMAND_MODULES = ("radixkv.demo", "radixkv.replay.cli", "radixkv.fleet.cli")
+_COMMAND_MODULES = (
+    "radixkv.demo",
+    "radixkv.replay.cli",
+    "radixkv.fleet.cli",
+    "radixkv.serve.cli",
+)
 
 EXIT_BROKEN_PIPE = 141
 
@@ -31,7 +36,8 @@ EXIT_BROKEN_PIPE = 141
 _DESCRIPTION = (
     "radixkv: radix-tree KV prefix caching for LLM serving. "
     "demo serves multi-turn chats with the cache off and on; "
-    "replay and sweep replay Mooncake hash_ids traces through cache policies."
+    "replay and sweep replay Mooncake hash_ids traces through cache policies; "
+    "serve runs an OpenAI-compatible HTTP server."
 )
 
 

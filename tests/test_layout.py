@@ -242,6 +242,15 @@ TIERS = {
     "radixkv.replay": ("radixkv.replay", "radixkv.cache"),
     "radixkv.engine": ("radixkv.engine", "radixkv.cache", "radixkv.model"),
     "radixkv.fleet": ("radixkv.fleet", "radixkv.cache", "radixkv.replay"),
+    # radixkv.replay only for cli_types (argparse types and one-line errors), as fleet.cli
+    "radixkv.serve": (
+        "radixkv.serve",
+        "radixkv.engine",
+        "radixkv.model",
+        "radixkv.cache",
+        "radixkv.fleet",
+        "radixkv.replay",
+    ),
 }
 # The engine's bookkeeping (what a custom serving loop or a fleet simulator imports)
 # stays free of the model tier and of torch; only engine.engine runs the model.
