@@ -157,3 +157,115 @@ def test_every_order_keeps_the_tree_whole_under_any_workload(order, ops) -> None
         cache.check()
     assert cache.cached_blocks + alloc.num_free == 24
     np.testing.assert_array_equal(alloc.refcounts(cache.held_blocks()), 1)
+
+
+# ------------------------------------------------------------------ pins
+@pytest.mark.parametrize("order", sorted(EVICTION_ORDERS))
+def test_a_pinned_prefix_survives_any_order_until_unpinned(order: str) -> None:
+    cache, alloc = cache_with(order)
+    system = [9, 9, 9, 9]
+    put(cache, alloc, system + A)
+    put(cache, alloc, B)
+    assert cache.pin(system) == 4
+    assert cache.pinned_blocks == cache.stats.pinned_blocks == 4
+    cache.evict(100)
+    assert cache.peek(system + A) == 4 and cache.peek(B) == 0  # the tail beyond the pin went
+    cache.check()
+    assert cache.unpin(system) == 4 and cache.pinned_blocks == 0
+    cache.evict(100)
+    assert cache.cached_blocks == 0 and alloc.num_free == 16
+    cache.check()
+
+
+def test_pins_nest_pin_only_what_is_cached_and_split_where_they_end() -> None:
+    cache, alloc = cache_with("lru")
+    assert cache.pin([1, 2, 3]) == 0  # nothing cached: nothing pinned
+    put(cache, alloc, [1, 2, 3, 4])
+    assert cache.pin([1, 2, 7]) == 2  # the cached prefix [1, 2]: split off and pinned
+    assert cache.pin([1, 2, 7]) == 2
+    cache.check()
+    assert cache.unpin([1, 2, 7]) == 2
+    cache.evict(100)
+    assert cache.peek([1, 2, 3, 4]) == 2 and cache.pinned_blocks == 2
+    cache.unpin([1, 2, 7])
+    cache.evict(100)
+    assert cache.cached_blocks == 0
+    cache.check()
+
+
+def test_pins_are_capped_and_a_refused_pin_changes_nothing() -> None:
+    alloc = BlockAllocator(num_blocks=8, block_size=1)
+    cache = RadixCache(alloc, "lru", max_pinned_blocks=3)
+    put(cache, alloc, [1, 2, 3, 4])
+    assert cache.pin([1, 2]) == 2
+    with pytest.raises(ValueError, match="max_pinned_blocks=3"):
+        cache.pin([1, 2, 3, 4])  # 2 more blocks: 4 > 3
+    assert cache.pinned_blocks == 2
+    cache.check()
+    assert cache.pin([1, 2, 3]) == 3  # one more block: exactly at the cap
+    cache.check()
+
+
+@pytest.mark.parametrize("cap", [8, 9, -1, 2.0, True])
+def test_the_pin_cap_stays_below_the_pool(cap: object) -> None:
+    with pytest.raises(ValueError, match="max_pinned_blocks"):
+        RadixCache(BlockAllocator(num_blocks=8, block_size=1), max_pinned_blocks=cap)
+
+
+def test_unpin_without_a_pin_is_refused_and_reset_drops_pins() -> None:
+    cache, alloc = cache_with("lru")
+    put(cache, alloc, A)
+    with pytest.raises(ValueError, match="no pin in force"):
+        cache.unpin(A)
+    cache.pin(A)
+    with pytest.raises(ValueError, match="no pin in force"):
+        cache.unpin(A, namespace="other")
+    cache.reset()
+    assert cache.pinned_blocks == 0
+    with pytest.raises(ValueError, match="no pin in force"):
+        cache.unpin(A)
+    cache.check()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    order=st.sampled_from(sorted(EVICTION_ORDERS)),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "match", "evict", "pin", "unpin"]),
+            st.lists(st.integers(0, 3), min_size=1, max_size=6),
+        ),
+        max_size=40,
+    ),
+)
+def test_pins_keep_their_blocks_through_any_workload(order, ops) -> None:
+    cache, alloc = cache_with(order, num_blocks=24)
+    pins: list[list[int]] = []
+    for op, tokens in ops:
+        if op == "insert":
+            if alloc.num_free < len(tokens):
+                cache.evict(len(tokens) - alloc.num_free)
+            n = min(len(tokens), alloc.num_free)
+            if n:
+                blocks = alloc.alloc(n)
+                cache.insert(tokens[:n], blocks)
+                alloc.decref(blocks)
+        elif op == "match":
+            hit(cache, alloc, tokens)
+        elif op == "evict":
+            cache.evict(len(tokens))
+        elif op == "pin":
+            try:
+                if cache.pin(tokens):
+                    pins.append(tokens)
+            except ValueError:
+                assert cache.pinned_blocks <= cache.max_pinned_blocks
+        elif pins:
+            cache.unpin(pins.pop())
+        cache.check()
+        for p in pins:  # every pinned prefix is still cached in full
+            assert cache.peek(p) > 0
+    while pins:
+        cache.unpin(pins.pop())
+    cache.evict(10**6)
+    assert cache.cached_blocks == 0 and alloc.num_free == 24

@@ -41,8 +41,9 @@ split, evict and reset paths.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -65,7 +66,11 @@ from radixkv.cache.results import CacheStats, MatchResult
 __all__ = ["CacheStats", "MatchResult", "RadixCache"]
 
 _TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
+_ID_BYTES = 4  # a block id in a node's ``blocks``: int32
 _EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
+# A leaf's children: one shared read-only empty mapping instead of an empty dict per leaf
+# (64 bytes each, half the tree's nodes); a node gets a dict of its own with its first child.
+_NO_CHILDREN: Mapping[bytes, _Node] = MappingProxyType({})
 
 
 class _Node:
@@ -92,12 +97,13 @@ class _Node:
         "hits",
         "created",
         "priority",
+        "pinned",
     )
 
     def __init__(
         self,
         key: bytes,
-        blocks: np.ndarray,
+        blocks: bytes,
         parent: _Node | None,
         depth_end: int,
         last_access: int,
@@ -105,8 +111,10 @@ class _Node:
         priority: int = 0,
     ) -> None:
         self.key = key  # the node's tokens: int32 bytes, block-aligned
-        self.blocks = blocks  # int32 array, one block per block_size tokens
-        self.children: dict[bytes, _Node] = {}
+        # int32 block ids as bytes, one per block_size tokens: a bytes header is ~80 bytes
+        # smaller than an ndarray's, and match joins them in one copy (_ids views one).
+        self.blocks = blocks
+        self.children: Mapping[bytes, _Node] = _NO_CHILDREN  # a dict once it has a child
         self.parent = parent
         self.depth_end = depth_end  # tokens from the root to the end of this node
         self.last_access = last_access
@@ -115,10 +123,15 @@ class _Node:
         self.hits = 0
         self.created = last_access
         self.priority = priority
+        self.pinned = 0  # pins covering this node (RadixCache.pin): never evicted while > 0
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return len(self.blocks) // _ID_BYTES
+
+    def block_ids(self) -> np.ndarray:
+        """The node's blocks as a read-only int32 array (a view, no copy)."""
+        return np.frombuffer(self.blocks, dtype=np.int32)
 
     def tokens(self) -> np.ndarray:
         return np.frombuffer(self.key, dtype=TOKEN_DTYPE)
@@ -130,7 +143,7 @@ class _Root(_Node):
     __slots__ = ("namespace", "ns_key")
 
     def __init__(self, namespace: Hashable, ns_key: Hashable, last_access: int) -> None:
-        super().__init__(b"", _EMPTY_BLOCKS, None, 0, last_access)
+        super().__init__(b"", b"", None, 0, last_access)
         self.namespace = namespace  # as the caller gave it (for pretty)
         self.ns_key = ns_key  # its key in _roots
 
@@ -171,14 +184,26 @@ class RadixCache:
         eviction: str | EvictionOrder = "level",
         *,
         events: ChainHasher | None = None,
+        max_pinned_blocks: int | None = None,
     ) -> None:
         if not isinstance(allocator, BlockAllocator):
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        if max_pinned_blocks is None:
+            max_pinned_blocks = allocator.num_blocks // 2
+        if (
+            isinstance(max_pinned_blocks, bool)
+            or not isinstance(max_pinned_blocks, int)
+            or not 0 <= max_pinned_blocks < allocator.num_blocks
+        ):
+            raise ValueError(
+                f"max_pinned_blocks must be an int in [0, {allocator.num_blocks}) (below the "
+                f"pool, so pins never exhaust it), got {max_pinned_blocks!r}"
+            )
         if events is not None and not isinstance(events, ChainHasher):
             raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
         self._alloc = allocator
         self._order = make_eviction_order(eviction)
-        check_key(self._order, self._order.key(_Node(b"", _EMPTY_BLOCKS, None, 0, 0)))
+        check_key(self._order, self._order.key(_Node(b"", b"", None, 0, 0)))
         self._bs = allocator.block_size
         self._block_bytes = self._bs * _TOKEN_BYTES
         self._roots: dict[Hashable, _Root] = {}  # namespace_key(namespace) -> root
@@ -192,6 +217,11 @@ class RadixCache:
         self._stats = CacheStats()
         self._events = None if events is None else EventLog(events, allocator.block_size)
         self._dsz = 0 if events is None else len(events.root)  # bytes per digest
+        self._max_pinned = max_pinned_blocks
+        self._num_pinned = 0  # blocks in nodes with pinned > 0
+        # (namespace key, the full-block bytes pin() was given) -> pinned prefix lengths in
+        # bytes, one per pin() not yet undone
+        self._pins: dict[tuple[Hashable, bytes], list[int]] = {}
         allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
@@ -254,8 +284,8 @@ class RadixCache:
                 good = all(ok[id(c)] for c in node.children.values())
                 if node is not root and good:
                     # Blocks after the last held one can go (evict splits them off).
-                    busy = last_busy(rc, node.blocks)
-                    total += len(node.blocks) - (busy + 1)
+                    busy = last_busy(rc, node.block_ids())
+                    total += node.num_blocks - (busy + 1)
                     good = busy < 0
                 ok[id(node)] = good
         return total
@@ -272,8 +302,8 @@ class RadixCache:
 
     @property
     def stats(self) -> CacheStats:
-        """A snapshot of the counters."""
-        return replace(self._stats)
+        """A snapshot of the counters (and ``pinned_blocks``, the blocks pins hold now)."""
+        return replace(self._stats, pinned_blocks=self._num_pinned)
 
     # ------------------------------------------------------------------ match
     def match(
@@ -330,8 +360,8 @@ class RadixCache:
             break
         if not parts:
             return MatchResult(_EMPTY_BLOCKS, 0)
-        # A copy even for one part: the caller must not alias the node's own array.
-        blocks = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+        # One copy into a fresh writable buffer: the caller owns its result.
+        blocks = np.frombuffer(bytearray().join(parts), dtype=np.int32)
         self._alloc.incref_distinct(blocks)
         num_tokens = pos // _TOKEN_BYTES
         if stats:
@@ -443,16 +473,97 @@ class RadixCache:
             data = added.tobytes()
             digests = None if self._events is None else self._stored(node, added)
             leaf = _Node(
-                data, new.copy(), node, node.depth_end + len(new) * bs, clock, digests, priority
+                data, new.tobytes(), node, node.depth_end + len(new) * bs, clock, digests, priority
             )
             if node.entry is not None:
                 self._forget_entry(node)
+            if node.children is _NO_CHILDREN:
+                node.children = {}
             node.children[data[:bb]] = leaf
             self._index(leaf)
             self._alloc.incref_distinct(new)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
         return num_cached * bs
+
+    # -------------------------------------------------------------------- pin
+    @property
+    def pinned_blocks(self) -> int:
+        """Blocks in pinned nodes: never evicted while pinned."""
+        return self._num_pinned
+
+    @property
+    def max_pinned_blocks(self) -> int:
+        """The cap on :attr:`pinned_blocks` (below the pool size, so pins never exhaust it)."""
+        return self._max_pinned
+
+    def pin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
+        """Keep the cached block-aligned prefix of ``tokens`` in the tree until :meth:`unpin`.
+
+        A system prompt or few-shot block, pinned once it is cached, survives any
+        eviction order; its blocks count in :attr:`pinned_blocks` and
+        ``stats.pinned_blocks``. Pins nest: the same prefix pinned twice needs
+        two unpins. Returns the tokens pinned (0 if nothing of ``tokens`` is
+        cached: insert first). No reference is taken, no statistic counted; the
+        pinned path is touched as by a match. ``ValueError`` naming
+        ``max_pinned_blocks`` if the newly pinned blocks would pass the cap,
+        ``TypeError``/``ValueError`` for bad input, before any change.
+        Complexity: as ``match`` (a split where the prefix ends inside a node).
+        """
+        arr = as_token_array(tokens)
+        ns_key = namespace_key(namespace)
+        root = self._roots.get(ns_key)
+        path, pos, split_child, split_at = self._walk(root, arr)
+        if split_child is not None:
+            path.append(split_child)  # only its first split_at blocks will be pinned
+        added = sum(n.num_blocks for n in path if not n.pinned)
+        if split_child is not None and not split_child.pinned:
+            added -= split_child.num_blocks - split_at
+        if self._num_pinned + added > self._max_pinned:
+            raise ValueError(
+                f"pinning {added} more blocks would pass max_pinned_blocks="
+                f"{self._max_pinned} ({self._num_pinned} pinned)"
+            )
+        if pos == 0:
+            return 0
+        if split_child is not None:
+            path[-1] = self._split(split_child, split_at)
+        self._clock += 1
+        for node in path:
+            node.last_access = self._clock
+            if not node.pinned:
+                self._num_pinned += node.num_blocks
+            node.pinned += 1
+        n_bytes = len(arr) // self._bs * self._block_bytes
+        self._pins.setdefault((ns_key, arr.tobytes()[:n_bytes]), []).append(pos)
+        return pos // _TOKEN_BYTES
+
+    def unpin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
+        """Undo the latest :meth:`pin` of the same ``tokens`` and ``namespace``; return the
+        tokens it had pinned. ``ValueError`` naming ``tokens`` if no such pin is in force
+        (``reset`` drops every pin), before any change. Complexity: O(depth of the prefix).
+        """
+        arr = as_token_array(tokens)
+        ns_key = namespace_key(namespace)
+        n_bytes = len(arr) // self._bs * self._block_bytes
+        key = (ns_key, arr.tobytes()[:n_bytes])
+        stack = self._pins.get(key)
+        if not stack:
+            raise ValueError(
+                f"tokens ({len(arr)} tokens) have no pin in force under namespace {namespace!r}"
+            )
+        pos = stack.pop()
+        if not stack:
+            del self._pins[key]
+        path, matched, split_child, _ = self._walk(self._roots[ns_key], arr[: pos // _TOKEN_BYTES])
+        invariant(
+            matched == pos and split_child is None, "a pinned prefix no longer ends at a node"
+        )
+        for node in path:
+            node.pinned -= 1
+            if not node.pinned:
+                self._num_pinned -= node.num_blocks
+        return pos // _TOKEN_BYTES
 
     # ------------------------------------------------------------------ evict
     def evict(self, num_blocks: int) -> int:
@@ -494,25 +605,31 @@ class RadixCache:
                         check_key(self._order, fresh)
                     self._index(node)
                     continue
-                busy = last_busy(rc, node.blocks)
+                if node.pinned:
+                    skipped.append(entry)
+                    continue
+                ids = node.block_ids()
+                busy = last_busy(rc, ids)
                 if busy >= 0:
                     keep = busy + 1
-                    if keep == len(node.blocks):
+                    if keep == len(ids):
                         skipped.append(entry)
                         continue
                     # Only a head part is held (a request kept blocks across a reset or
                     # re-insert): split it off; the node object stays the free tail.
                     self._split(node, keep)
+                    ids = node.block_ids()
                 node.entry = None
                 parent = node.parent
-                del parent.children[node.key[:bb]]
+                del parent.children[node.key[:bb]]  # a parent's children are a dict
                 node.parent = None
-                freed += alloc.decref_distinct(node.blocks)
+                freed += alloc.decref_distinct(ids)
                 if log is not None:
                     log.removed(self._digest_list(node.digests))
-                kernels.set_flags(held, node.blocks, False)
-                self._num_cached -= len(node.blocks)
+                kernels.set_flags(held, ids, False)
+                self._num_cached -= len(ids)
                 if not parent.children:
+                    parent.children = _NO_CHILDREN
                     if parent.parent is not None:
                         self._index(parent)
                     else:  # the namespace holds nothing more: forget it
@@ -537,6 +654,8 @@ class RadixCache:
         self._leaves.clear()
         self._num_dead = 0
         self._num_cached = 0
+        self._pins.clear()
+        self._num_pinned = 0
 
     # ------------------------------------------------------------- internals
     def _chain_start(self, node: _Node) -> tuple[bytes, bytes | None, tuple | None]:
@@ -619,7 +738,7 @@ class RadixCache:
         parent = node.parent
         head = _Node(
             node.key[:cut],
-            node.blocks[:k].copy(),
+            node.blocks[: k * _ID_BYTES],
             parent,
             node.depth_end - (len(node.key) - cut) // _TOKEN_BYTES,
             node.last_access,
@@ -628,16 +747,17 @@ class RadixCache:
         )
         head.hits = node.hits
         head.created = node.created
+        head.pinned = node.pinned  # a pin covers the whole node, so both halves
         parent.children[node.key[:bb]] = head
         node.key = node.key[cut:]
-        node.blocks = node.blocks[k:].copy()
+        node.blocks = node.blocks[k * _ID_BYTES :]
         digests = node.digests
         if digests is not None:  # events on: the digests split with the blocks
             dcut = k * self._dsz
             head.digests = digests[:dcut]
             node.digests = digests[dcut:]
         node.parent = head
-        head.children[node.key[:bb]] = node
+        head.children = {node.key[:bb]: node}
         return head
 
     def _index(self, node: _Node) -> None:
@@ -702,7 +822,7 @@ class RadixCache:
                     invariant(len(child.key) % bb == 0, "node tokens not block-aligned")
                     invariant(key == child.key[:bb], "child not keyed by its first block")
                     invariant(
-                        len(child.blocks) * bb == len(child.key), "blocks != tokens / block_size"
+                        child.num_blocks * bb == len(child.key), "blocks != tokens / block_size"
                     )
                     invariant(
                         child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES,
@@ -719,7 +839,7 @@ class RadixCache:
                         )
                     stack.append(child)
                 if node is not root:
-                    seen_blocks.append(node.blocks)
+                    seen_blocks.append(node.block_ids())
                     if node.children:
                         invariant(node.entry is None, "an interior node is in the leaf index")
                     else:
@@ -736,6 +856,25 @@ class RadixCache:
                             f"eviction order {self._order!r} lowered a key on a touch",
                         )
                         invariant(node.entry in self._leaves, "a leaf's entry is not in the index")
+        want: dict[int, int] = {}
+        for (ns_key, data), lengths in self._pins.items():
+            for pos in lengths:
+                root = self._roots.get(ns_key)
+                invariant(root is not None, "a pin's namespace holds nothing")
+                node, at = root, 0
+                while at < pos:  # walk the pinned prefix node by node (it ends at a node)
+                    child = node.children.get(data[at : at + bb])
+                    invariant(child is not None, "a pinned prefix left the tree")
+                    want[id(child)] = want.get(id(child), 0) + 1
+                    node, at = child, at + len(child.key)
+                invariant(at == pos, "a pinned prefix does not end at a node")
+        pinned_blocks = 0
+        for node in self._iter_nodes():
+            invariant(node.pinned == want.get(id(node), 0), "a node's pin count is off")
+            if node.pinned:
+                pinned_blocks += node.num_blocks
+        invariant(pinned_blocks == self._num_pinned, "pinned_blocks count is off")
+        invariant(self._num_pinned <= self._max_pinned, "pins passed max_pinned_blocks")
         dead = sum(1 for e in self._leaves if e[-1].entry is not e)
         invariant(dead == self._num_dead, "dead leaf-index entries miscounted")
         invariant(leaves == len(self._leaves) - dead, "leaf index misses leaves or has extras")
@@ -770,8 +909,8 @@ class RadixCache:
         for i, child in enumerate(children):
             last = i == len(children) - 1
             toks = _abbrev(child.tokens().tolist(), max_tokens)
-            blocks = child.blocks.tolist()
-            rcs = self._alloc.refcounts(child.blocks).tolist()
+            blocks = child.block_ids().tolist()
+            rcs = self._alloc.refcounts(child.block_ids()).tolist()
             lines.append(
                 f"{indent}{'└── ' if last else '├── '}{toks} ({len(child.key) // _TOKEN_BYTES} tok)"
                 f" blocks {_abbrev(blocks, max_blocks)} rc {_abbrev(rcs, max_blocks)}"

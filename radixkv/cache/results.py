@@ -50,6 +50,7 @@ class CacheStats:
     num_inserts: int = 0
     inserted_tokens: int = 0
     evicted_blocks: int = 0
+    pinned_blocks: int = 0  # a gauge, not a counter: blocks pinned when the snapshot was taken
 
     @property
     def hit_rate(self) -> float:
