@@ -1,0 +1,315 @@
+"""A fleet of radixkv engine replicas on Ray Serve, behind radixkv's own prefix-aware router.
+
+Two deployments make one Serve application:
+
+```
+HTTP -> Serve proxy -> FleetIngress (OpenAI API: parse, tokenize)          fleet_ingress.py
+                        |  handle.generate(prompt_ids=..., namespace=...)  routed by PrefixRouter
+                        v
+                       EngineReplica x N (AsyncEngine + radix cache, KV events on ZMQ)
+```
+
+The proxy's router sees only opaque HTTP payloads, so the ingress turns each
+request into token ids and calls the engine deployment through a handle: that
+handle's request router (:class:`~radixkv.serve.ray_router.PrefixRouter`)
+sees ``prompt_ids`` and places the request with a radixkv policy. Each
+:class:`EngineReplica` publishes its cache's KV events (vLLM's wire format) on
+its own endpoints, announced once through ``record_replica_metadata``, and its
+load through ``record_routing_stats``.
+
+``build_fleet_app(model, replicas=..., router=...)`` returns the application
+(for ``serve.run`` in your own program); :func:`serve_fleet` is
+``radixkv serve --replicas N --router NAME``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Hashable, Sequence
+from contextlib import aclosing
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from radixkv.engine.request import SamplingParams
+from radixkv.fleet.router import ROUTERS
+from radixkv.fleet.transport import EventPublisher
+from radixkv.serve.async_engine import AsyncEngine, RequestOutput
+from radixkv.serve.fleet_ingress import FleetIngress
+from radixkv.serve.models import build_engine, event_hasher, model_name
+from radixkv.serve.ray_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
+
+__all__ = [
+    "FLEET_ROUTERS",
+    "SERVE_DEFAULT_ROUTER",
+    "EngineReplica",
+    "build_fleet_app",
+    "cache_block_hashes",
+    "serve_fleet",
+]
+
+log = logging.getLogger(__name__)
+
+SERVE_DEFAULT_ROUTER = "serve"  # Serve's own power-of-two-choices router, untouched
+FLEET_ROUTERS = (*sorted(ROUTERS), SERVE_DEFAULT_ROUTER)
+
+
+def cache_block_hashes(cache: Any) -> list[int]:
+    """The wire hashes (``ChainHasher.wire``) of every block a radix cache with events on
+    holds, sorted: what its ``BlockStored`` / ``BlockRemoved`` events net out to.
+
+    Reads the tree's per-node digests (``RadixCache`` offers no public walk;
+    its ``check()`` verifies each node's digests are its chain's hashes).
+    ``ValueError`` for a cache without events. Call it on the engine's
+    thread (``AsyncEngine.call``). Complexity: O(cached blocks).
+    """
+    hasher = getattr(cache, "events_hasher", None)
+    if hasher is None:
+        raise ValueError(f"cache must be a radix cache with events on, got {cache!r}")
+    size = len(hasher.root)
+    out: list[int] = []
+    for node in cache._iter_nodes():
+        d = node.digests
+        out += [hasher.wire(d[i : i + size]) for i in range(0, len(d), size)]
+    return sorted(out)
+
+
+@serve.deployment(name="EngineReplica")
+class EngineReplica:
+    """One radixkv engine as a Serve replica: an :class:`AsyncEngine` over
+    ``build_engine(model, events=True, ...)`` whose KV events go out on an
+    :class:`~radixkv.fleet.transport.EventPublisher` bound on ``event_host``
+    (loopback by default: a one-machine fleet; give the node's address on a
+    cluster). ``torch_threads`` caps the model's CPU threads (replicas on one
+    machine share its cores).
+    """
+
+    async def __init__(
+        self,
+        model: str,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        seed: int = 0,
+        max_num_seqs: int = 64,
+        event_host: str = "127.0.0.1",
+        torch_threads: int | None = None,
+    ) -> None:
+        if torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        engine = build_engine(
+            model,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            events=True,
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+        )
+        address = f"tcp://{event_host}:*"
+        self._publisher = EventPublisher(address, address)
+        self.engine = AsyncEngine(engine, event_sink=self._publisher.publish)
+        await self.engine.start()
+        hasher = engine.cache.events_hasher
+        self.info = ReplicaInfo(
+            event_endpoint=self._publisher.endpoint,
+            replay_endpoint=self._publisher.replay_endpoint,
+            capacity_blocks=engine.allocator.num_blocks,
+            block_size=engine.allocator.block_size,
+            hash_name=hasher.name,
+            hash_seed=hasher.seed,
+        )
+
+    def record_replica_metadata(self) -> dict[str, Any]:
+        """Serve's once-per-replica hook: where this replica's KV events are, how it hashes."""
+        return self.info.to_metadata()
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Serve's periodic hook (every ``request_routing_stats_period_s``): current load."""
+        m = self.engine.metrics()
+        return {"running": m.running, "waiting": m.waiting, "kv_usage": m.kv_usage}
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        namespace: Hashable = None,
+        cap_to_pool: bool = False,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs (call with ``handle.options(stream=True)`` and the
+        keyword ``prompt_ids``, which the router reads). ``cap_to_pool`` lowers
+        ``params.max_new_tokens`` to what the pool can hold for this prompt (a default,
+        not a client's explicit ask). The engine's ``TypeError``/``ValueError`` for a bad
+        request comes out of the first iteration; leaving early aborts the request."""
+        if cap_to_pool:
+            room = self.engine.max_new_tokens(len(prompt_ids))
+            if 0 < room < params.max_new_tokens:
+                params = dataclasses.replace(params, max_new_tokens=room)
+        async with aclosing(self.engine.generate(prompt_ids, params, namespace)) as stream:
+            async for out in stream:
+                yield out
+
+    async def cache_state(self) -> dict[str, Any]:
+        """This replica's id (as routers know it), actor name and the block hashes its cache
+        holds right now (:func:`cache_block_hashes`, read on the engine thread)."""
+        ctx = serve.get_replica_context()
+        blocks = await self.engine.call(lambda engine: cache_block_hashes(engine.cache))
+        return {
+            "replica_id": ctx.replica_id.unique_id,
+            "actor_name": ray.get_runtime_context().get_actor_name(),
+            "blocks": blocks,
+        }
+
+    def check_health(self) -> None:
+        """Serve's health check: the engine thread must be alive."""
+        if not self.engine.is_running:
+            raise RuntimeError("the engine thread is not running")
+
+    async def __del__(self) -> None:
+        await self.engine.shutdown()
+        self._publisher.close()
+
+
+def build_fleet_app(
+    model: str,
+    *,
+    replicas: int,
+    router: str = "exact",
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    seed: int = 0,
+    max_num_seqs: int = 64,
+    replica_cpus: float = 1.0,
+    ingress_replicas: int = 1,
+    router_options: dict[str, Any] | None = None,
+    event_host: str = "127.0.0.1",
+    stats_period_s: float = 1.0,
+    health_check_period_s: float = 10.0,
+) -> serve.Application:
+    """The fleet as a Serve application: :class:`FleetIngress` over ``replicas`` x
+    :class:`EngineReplica` of ``model``, routed by ``router``.
+
+    ``router`` is a radixkv policy (a name in ``ROUTERS``; ``router_options``
+    go to its constructor) run by :class:`PrefixRouter`, or ``"serve"`` for
+    Serve's own power-of-two-choices router. The replicas' block size and
+    chain hash are the router's (:func:`~radixkv.serve.models.event_hasher`).
+    Each replica reserves ``replica_cpus`` Ray CPUs and runs torch on as many
+    threads (at least one); ``stats_period_s`` is how often Serve polls its
+    load. ``ValueError`` naming a bad argument.
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a positive int, got {replicas!r}")
+    if router not in FLEET_ROUTERS:
+        raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
+    if (
+        isinstance(replica_cpus, bool)
+        or not isinstance(replica_cpus, (int, float))
+        or not (replica_cpus > 0)
+    ):
+        raise ValueError(f"replica_cpus must be a positive number, got {replica_cpus!r}")
+    if isinstance(ingress_replicas, bool) or not isinstance(ingress_replicas, int):
+        raise ValueError(f"ingress_replicas must be a positive int, got {ingress_replicas!r}")
+    if ingress_replicas < 1:
+        raise ValueError(f"ingress_replicas must be a positive int, got {ingress_replicas!r}")
+    options: dict[str, Any] = {
+        "num_replicas": replicas,
+        "max_ongoing_requests": 2 * max_num_seqs,  # the engine batches; the rest wait there
+        "ray_actor_options": {"num_cpus": replica_cpus},
+        "health_check_period_s": health_check_period_s,
+    }
+    stats = {"request_routing_stats_period_s": stats_period_s}
+    if router == SERVE_DEFAULT_ROUTER:
+        options["request_router_config"] = RequestRouterConfig(**stats)
+    else:
+        hasher = event_hasher()
+        config = PrefixRouterConfig(
+            policy=router,
+            block_size=block_size,
+            hash_name=hasher.name,
+            hash_seed=hasher.seed,
+            seed=seed,
+            options=dict(router_options or {}),
+        )
+        config.build_router()  # a bad option fails here, not in every handle's router
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixRouter,
+            request_router_kwargs=config.to_kwargs(),
+            **stats,
+        )
+    engine = EngineReplica.options(**options).bind(
+        model,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        seed=seed,
+        max_num_seqs=max_num_seqs,
+        event_host=event_host,
+        torch_threads=max(1, math.floor(replica_cpus)),
+    )
+    ingress = FleetIngress.options(
+        num_replicas=ingress_replicas,
+        max_ongoing_requests=4 * max_num_seqs * replicas,
+        ray_actor_options={"num_cpus": 0.1},
+    )
+    return ingress.bind(engine, model=model, model_name=model_name(model))
+
+
+def serve_fleet(
+    model: str,
+    *,
+    replicas: int,
+    router: str,
+    host: str,
+    port: int,
+    block_size: int,
+    num_blocks: int | None,
+    seed: int,
+) -> None:
+    """``radixkv serve --replicas N --router NAME``: start Ray (unless connected), run the
+    fleet on ``host:port``, print the URL and a curl line, and serve until interrupted
+    (then shut Serve and the Ray it started down). Each replica gets an equal share of
+    the machine's CPUs, at most one."""
+    if router not in FLEET_ROUTERS:  # before anything starts
+        raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a positive int, got {replicas!r}")
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(include_dashboard=False)
+    try:
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        share = max(0.1, min(1.0, (cpus - 0.5) / replicas))
+        app = build_fleet_app(
+            model,
+            replicas=replicas,
+            router=router,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            seed=seed,
+            replica_cpus=round(share, 2),
+        )
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(app, name="radixkv", route_prefix="/")
+        url = f"http://{host}:{port}"
+        name = model_name(model)
+        print(f"radixkv fleet: {replicas} x {name}, router {router}, at {url}", flush=True)
+        print(
+            f"curl {url}/v1/completions -H 'Content-Type: application/json' "
+            f'-d \'{{"model": "{name}", "prompt": "Hello", "max_tokens": 16}}\'',
+            flush=True,
+        )
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        if started_ray:
+            ray.shutdown()

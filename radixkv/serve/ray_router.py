@@ -1,0 +1,327 @@
+"""Ray Serve's request router driven by a radixkv routing policy: prefix-aware routing on Serve.
+
+:class:`PrefixRouter` is a ``ray.serve.request_router.RequestRouter``: set it
+as a deployment's ``request_router_class`` and every ``DeploymentHandle`` to
+that deployment routes with the radixkv policy named in
+``request_router_kwargs`` (:class:`PrefixRouterConfig`; any name in
+``radixkv.fleet.router.ROUTERS``). Serve hosts the policy; the policy stays
+plain Python (:mod:`radixkv.fleet.router`).
+
+What a routed call must carry: the keyword argument ``prompt_ids`` (the
+prompt's token ids) and optionally ``namespace``; the session is Serve's own
+``handle.options(session_id=...)``. A call without ``prompt_ids`` (a control
+method) goes to whichever replica Serve finds least loaded.
+
+How the pieces meet:
+
+- **Replicas** describe themselves once through Serve's
+  ``record_replica_metadata`` hook (:class:`ReplicaInfo`: event endpoints,
+  pool size, block size and hash recipe) and report load through
+  ``record_routing_stats`` (``running``, ``waiting``, ``kv_usage``), which
+  Serve polls every ``request_routing_stats_period_s``: a second or more
+  stale, fine for load, not for cache contents.
+- **Cache contents** come from each replica's KV event stream, read on a
+  background thread (:class:`~radixkv.serve.event_feed.EventFeed`) and
+  applied on the router's loop before each decision; the ``exact`` policy's
+  speculative entries cover the time until a replica's events arrive.
+- **In flight** is the router's own count
+  (:class:`~radixkv.serve.routing_state.RoutingState`): a
+  decision counts from ``choose_replicas`` until ``on_request_completed``.
+
+Serve unpickles this class by value in every process that routes, so state
+that must be shared with the rest of the process lives in modules imported
+normally (:mod:`radixkv.serve.router_registry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Hashable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from radixkv.cache.events import CHAIN_HASHES, ChainHasher
+from radixkv.fleet.protocol import Router, RouteRequest
+from radixkv.fleet.router import ROUTERS, make_router
+from radixkv.serve import router_registry
+from radixkv.serve.event_feed import EventFeed
+from radixkv.serve.routing_state import RoutingState
+
+__all__ = ["PrefixRouter", "PrefixRouterConfig", "ReplicaInfo", "route_request_of"]
+
+log = logging.getLogger(__name__)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PrefixRouterConfig:
+    """What :class:`PrefixRouter` routes with (``request_router_kwargs``, so JSON values only).
+
+    - ``policy``: a name in ``ROUTERS``; ``options``: its constructor's keywords.
+    - ``block_size``, ``hash_name``, ``hash_seed``: the replicas' block size and
+      chain-hash recipe; a replica reporting another is routed by load only.
+    - ``seed``: seeds the random policies.
+    - ``events``: read the replicas' KV event streams (None: only for ``exact``,
+      the one policy that uses them).
+    - ``pending_ttl_s``: a decision Serve never confirms (the request was
+      cancelled before a replica accepted it) stops counting after this long.
+    """
+
+    policy: str = "exact"
+    block_size: int = 16
+    hash_name: str = "xxhash"
+    hash_seed: int | str = 0
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    events: bool | None = None
+    pending_ttl_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in ROUTERS:
+            raise ValueError(f"policy must be one of {sorted(ROUTERS)}, got {self.policy!r}")
+        _positive_int("block_size", self.block_size)
+        if self.hash_name not in CHAIN_HASHES:
+            raise ValueError(f"hash_name must be one of {CHAIN_HASHES}, got {self.hash_name!r}")
+        if isinstance(self.hash_seed, bool) or not isinstance(self.hash_seed, (int, str)):
+            raise ValueError(f"hash_seed must be an int or a str, got {self.hash_seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if not isinstance(self.options, dict):
+            raise ValueError(f"options must be a dict, got {self.options!r}")
+        if self.events is not None and not isinstance(self.events, bool):
+            raise ValueError(f"events must be a bool or None, got {self.events!r}")
+        ttl = self.pending_ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+            raise ValueError(f"pending_ttl_s must be a positive number, got {ttl!r}")
+
+    @property
+    def subscribes(self) -> bool:
+        """Whether the router reads the replicas' event streams."""
+        return self.policy == "exact" if self.events is None else self.events
+
+    def hasher(self) -> ChainHasher:
+        """The chain hash the replicas' caches use."""
+        return ChainHasher(self.hash_name, seed=self.hash_seed)
+
+    def build_router(self) -> Router:
+        """The configured policy (``make_router``'s errors name a bad option)."""
+        return make_router(
+            self.policy,
+            block_size=self.block_size,
+            hasher=self.hasher(),
+            seed=self.seed,
+            **self.options,
+        )
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The ``request_router_kwargs`` that rebuild this config."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What an engine replica tells routers once, through Serve's ``record_replica_metadata``.
+
+    ``event_endpoint`` / ``replay_endpoint``: its KV event publisher (None: it
+    publishes none); ``capacity_blocks``: its KV pool; ``block_size``,
+    ``hash_name``, ``hash_seed``: how its cache names blocks.
+    """
+
+    event_endpoint: str | None
+    replay_endpoint: str | None
+    capacity_blocks: int
+    block_size: int
+    hash_name: str
+    hash_seed: int | str
+
+    _KEY = "radixkv"
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The JSON dict ``record_replica_metadata`` returns."""
+        return {self._KEY: asdict(self)}
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> ReplicaInfo | None:
+        """The info in a replica's metadata; None for a replica that gives none (or a malformed
+        one: logged), which is then routed by load only."""
+        raw = metadata.get(cls._KEY) if isinstance(metadata, Mapping) else None
+        if raw is None:
+            return None
+        try:
+            return cls(**raw)
+        except TypeError:
+            log.error("ignoring malformed radixkv replica metadata %r", raw)
+            return None
+
+    def matches(self, config: PrefixRouterConfig) -> bool:
+        """Whether this replica names blocks as ``config`` hashes requests."""
+        return (self.block_size, self.hash_name, self.hash_seed) == (
+            config.block_size,
+            config.hash_name,
+            config.hash_seed,
+        )
+
+
+def route_request_of(pending_request: PendingRequest | None) -> RouteRequest | None:
+    """The :class:`RouteRequest` of a Serve call: its ``prompt_ids`` and ``namespace`` keyword
+    arguments and Serve's ``session_id``; None for a call without integer ``prompt_ids``
+    (routed by load). ``request_id`` is Serve's ``internal_request_id``."""
+    if pending_request is None:
+        return None
+    kwargs = pending_request.kwargs
+    prompt_ids = kwargs.get("prompt_ids")
+    if prompt_ids is None:
+        return None
+    tokens = np.asarray(prompt_ids)
+    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        return None
+    meta = pending_request.metadata
+    return RouteRequest(
+        request_id=meta.internal_request_id,
+        tokens=tokens.astype(np.int32, copy=False),
+        namespace=kwargs.get("namespace"),
+        session=meta.session_id or None,
+    )
+
+
+def _uid(replica_id: ReplicaID) -> str:
+    return replica_id.unique_id
+
+
+class PrefixRouter(RequestRouter):
+    """A Serve request router that routes with a radixkv policy (see the module docstring).
+
+    ``choose_replicas`` returns two ranks: the replica the policy chose, then
+    the others, so Serve falls back to the least loaded of the rest only when
+    the chosen one is full (``max_ongoing_requests``). Do not mix in Serve's
+    ``FIFOMixin``: it hands a found replica to the oldest pending request,
+    which would undo every affinity decision.
+    """
+
+    config: PrefixRouterConfig
+    state: RoutingState
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        """Build the policy from ``request_router_kwargs`` (:class:`PrefixRouterConfig`'s fields;
+        ``ValueError``/``TypeError`` naming a bad one)."""
+        self.config = PrefixRouterConfig(**kwargs)
+        self.state = RoutingState(
+            self.config.build_router(),
+            confirmations=self._use_replica_queue_len_cache,
+            pending_ttl_s=self.config.pending_ttl_s,
+        )
+        self._feed: EventFeed | None = None
+        if self.config.subscribes:
+            self._feed = EventFeed()
+            weakref.finalize(self, self._feed.close, 1.0)  # Serve has no shutdown hook
+        self._loop: asyncio.AbstractEventLoop | None = None
+        router_registry.register(self)
+
+    @property
+    def deployment_id(self) -> Any:
+        """The deployment this router routes to (Serve's ``DeploymentID``)."""
+        return self._deployment_id
+
+    # ------------------------------------------------------------ membership
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._loop = self._event_loop  # the loop Serve runs this router on
+        current = {_uid(r.replica_id): r for r in replicas}
+        for replica_id in [r for r in self.state.replicas if r not in current]:
+            self._forget(replica_id)
+        for replica_id, replica in current.items():
+            if replica_id not in self.state.replicas:
+                self._join(replica_id, replica)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._forget(_uid(replica_id))
+
+    def _join(self, replica_id: str, replica: RunningReplica) -> None:
+        info = ReplicaInfo.from_metadata(replica.replica_metadata)
+        self.state.add_replica(replica_id, info.capacity_blocks if info else 0)
+        if info is None or self._feed is None or info.event_endpoint is None:
+            return
+        if not info.matches(self.config):
+            log.error(
+                "replica %s hashes blocks as (block_size=%s, %s, seed=%r), the router as "
+                "(block_size=%s, %s, seed=%r): its cache is not indexed",
+                replica_id,
+                info.block_size,
+                info.hash_name,
+                info.hash_seed,
+                self.config.block_size,
+                self.config.hash_name,
+                self.config.hash_seed,
+            )
+            return
+        self._feed.add(replica_id, info.event_endpoint, info.replay_endpoint)
+
+    def _forget(self, replica_id: str) -> None:
+        if self._feed is not None:
+            self._feed.remove(replica_id)
+        self.state.drop_replica(replica_id)
+
+    # ------------------------------------------------------------ routing
+    def _catch_up(self) -> None:
+        """Apply the events that arrived since the last call."""
+        if self._feed is not None:
+            for replica_id, item in self._feed.drain():
+                self.state.apply(replica_id, item)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        self._catch_up()
+        ids = []
+        for r in candidate_replicas:
+            replica_id = _uid(r.replica_id)
+            if replica_id not in self.state.replicas:
+                self._join(replica_id, r)
+            self.state.set_stats(replica_id, r.routing_stats)
+            ids.append(replica_id)
+        request = route_request_of(pending_request)
+        if request is None or not candidate_replicas:
+            return [candidate_replicas]
+        chosen = self.state.decide(id(pending_request), request, ids, owner=pending_request)
+        first = [r for r, i in zip(candidate_replicas, ids) if i == chosen]
+        rest = [r for r, i in zip(candidate_replicas, ids) if i != chosen]
+        return [first, rest] if rest else [first]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        self.state.routed(id(pending_request), _uid(replica_id))
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.state.completed(internal_request_id, _uid(replica_id))
+
+    # ------------------------------------------------------------ reporting
+    def snapshot(self) -> dict[Hashable, dict[str, Any]]:
+        """:meth:`RoutingState.snapshot` after applying the events that arrived. Call it on the
+        router's event loop (:meth:`snapshot_threadsafe` from anywhere)."""
+        self._catch_up()
+        return self.state.snapshot()
+
+    async def snapshot_threadsafe(self) -> dict[Hashable, dict[str, Any]]:
+        """:meth:`snapshot`, run on the router's loop whatever loop awaits it."""
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop():
+            return self.snapshot()
+
+        async def on_loop() -> dict[Hashable, dict[str, Any]]:
+            return self.snapshot()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(on_loop(), loop))

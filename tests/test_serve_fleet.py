@@ -1,0 +1,674 @@
+"""A fleet of engine replicas on Ray Serve behind radixkv's prefix router (radixkv.serve.fleet).
+
+Two parts:
+
+- The adapter without Ray running: :class:`RoutingState` against Serve's
+  callback sequences (confirmed, rejected, fallen back, shared request ids,
+  cancelled, replicas lost), checked with ``check()`` after every step; the
+  config and metadata records; :class:`EventFeed` and :class:`PrefixRouter`
+  over real ZMQ publishers on 127.0.0.1, with stand-in objects for Serve's
+  replicas (the four read-only attributes the router reads).
+- One Ray Serve instance (module fixture, 2 CPUs) running two fleets of 2
+  random-model replicas: one routed by ``exact``, one by Serve's own
+  power-of-two router. The same shared-prefix workload goes to both over
+  HTTP; the tests compare hit rates (from the responses' usage), outputs
+  (against one local engine), the router's index (against each replica's
+  cache), and kill a replica.
+
+Every wait is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+# Ray reads these at import: no usage report, a throwaway auth token (none written to $HOME).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
+ray = pytest.importorskip("ray")
+requests = pytest.importorskip("requests")
+
+from ray import serve  # noqa: E402
+from ray.serve._private.common import (  # noqa: E402
+    DeploymentHandleSource,
+    DeploymentID,
+    ReplicaID,
+    RequestMetadata,
+)
+from ray.serve.request_router import PendingRequest  # noqa: E402
+
+from radixkv.cache.allocator import BlockAllocator, InvariantError  # noqa: E402
+from radixkv.cache.events import ChainHasher  # noqa: E402
+from radixkv.cache.radix import RadixCache  # noqa: E402
+from radixkv.fleet.index import chain_hashes  # noqa: E402
+from radixkv.fleet.protocol import RouteRequest  # noqa: E402
+from radixkv.fleet.router import make_router  # noqa: E402
+from radixkv.fleet.transport import EventPublisher, Reset  # noqa: E402
+from radixkv.serve.event_feed import EventFeed  # noqa: E402
+from radixkv.serve.ray_router import (  # noqa: E402
+    PrefixRouter,
+    PrefixRouterConfig,
+    ReplicaInfo,
+    route_request_of,
+)
+from radixkv.serve.routing_state import RoutingState  # noqa: E402
+
+BS = 4
+XX = ChainHasher("xxhash", seed=0)
+LOCAL = "tcp://127.0.0.1:*"
+DEADLINE_S = 5.0
+
+
+def wait_for(done: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
+    """Call ``done`` every 20 ms until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = done()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def req(tokens: Sequence[int], rid: str = "r", namespace: Hashable = None) -> RouteRequest:
+    return RouteRequest(rid, np.asarray(tokens, dtype=np.int32), namespace)
+
+
+def stored(tokens: Sequence[int], bs: int = BS, hasher: ChainHasher = XX) -> list:
+    """The events a real radix cache emits when it caches ``tokens``."""
+    alloc = BlockAllocator(64, bs)
+    cache = RadixCache(alloc, events=hasher)
+    blocks = alloc.alloc(len(tokens) // bs)
+    cache.insert(tokens, blocks)
+    alloc.decref(blocks)
+    return cache.take_events()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def state(policy: str = "least_loaded", **kwargs: Any) -> RoutingState:
+    return RoutingState(make_router(policy, block_size=BS, hasher=XX), **kwargs)
+
+
+# ------------------------------------------------------------------ RoutingState
+def test_a_decision_counts_from_choice_to_completion() -> None:
+    s = state()
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
+    assert (s.in_flight("a"), s.in_flight("b"), s.num_pending) == (1, 0, 1)
+    s.check()
+    # the second call sees the first: least loaded goes to b
+    assert s.decide("k2", req([2] * 8, "r2"), ["a", "b"]) == "b"
+    assert s.routed("k1", "a") and s.routed("k2", "b")
+    assert s.num_pending == 0
+    s.check()
+    assert s.completed("r1", "a")
+    assert (s.in_flight("a"), s.in_flight("b")) == (0, 1)
+    assert not s.completed("r1", "a")  # settled once
+    assert s.completed("r2", "b")
+    assert (s.in_flight("a"), s.in_flight("b")) == (0, 0)
+    s.check()
+
+
+def test_a_rejected_attempt_is_replaced_never_counted_twice() -> None:
+    s = state()
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
+    # Serve reports the rejected attempt as completed before it asks again: not confirmed,
+    # so it is not this call's end
+    assert not s.completed("r1", "a")
+    assert s.in_flight("a") == 1
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"  # the old one undone first
+    assert s.in_flight("a") + s.in_flight("b") == 1
+    s.check()
+    s.routed("k1", "a")
+    assert s.completed("r1", "a") and s.in_flight("a") == 0
+    s.check()
+
+
+def test_serve_falling_back_to_another_rank_moves_the_count() -> None:
+    s = state()
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
+    assert s.routed("k1", "b")  # a was full: Serve took the next rank
+    assert (s.in_flight("a"), s.in_flight("b")) == (0, 1)
+    s.check()
+    assert not s.completed("r1", "a")
+    assert s.completed("r1", "b") and s.in_flight("b") == 0
+    s.check()
+
+
+def test_calls_sharing_a_request_id_end_on_their_own_replica() -> None:
+    # Serve gives every handle call made while serving one request that request's id
+    s = state()
+    s.decide("k1", req([1] * 8, "r"), ["a", "b"])
+    s.decide("k2", req([2] * 8, "r"), ["a", "b"])
+    s.routed("k1", "a")
+    s.routed("k2", "b")
+    assert s.completed("r", "b")
+    assert (s.in_flight("a"), s.in_flight("b")) == (1, 0)
+    s.check()
+    assert s.completed("r", "a") and s.in_flight("a") == 0
+
+
+def test_an_unconfirmed_decision_expires() -> None:
+    clock = Clock()
+    s = state(pending_ttl_s=5.0, clock=clock)
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])  # cancelled before a replica took it
+    clock.now = 10.0
+    s.decide("k2", req([2] * 8, "r2"), ["a", "b"])
+    assert s.num_pending == 1
+    assert s.in_flight("a") + s.in_flight("b") == 1
+    assert not s.routed("k1", "a")
+    s.check()
+
+
+def test_without_confirmations_a_decision_is_confirmed_when_made() -> None:
+    s = state(confirmations=False)
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"  # backoff: asked again
+    assert s.in_flight("a") == 1
+    s.check()
+    assert s.completed("r1", "a") and s.in_flight("a") == 0
+    s.check()
+
+
+def test_events_steer_the_exact_policy_and_a_reset_or_drop_forgets_them() -> None:
+    s = state("exact")
+    prefix = list(range(100, 124))  # 6 blocks
+    s.add_replica("a", 64)
+    s.add_replica("b", 64)
+    s.apply("b", stored(prefix))
+    assert s.decide("k1", req(prefix + [7, 8], "r1"), ["a", "b"]) == "b"
+    s.routed("k1", "b")
+    s.apply("z", stored(prefix))  # a replica it does not know: ignored
+    assert "z" not in s.snapshot()
+    blocks = chain_hashes(XX, prefix, BS, None)
+    assert s.snapshot()["b"]["blocks"] == sorted(blocks)
+    s.apply("b", Reset("lost", 3, 2))
+    assert s.snapshot()["b"]["blocks"] == []
+    s.apply("a", stored(prefix))
+    assert s.drop_replica("a") and not s.drop_replica("a")
+    assert "a" not in s.snapshot()
+    assert s.router.index.match(blocks) == {}  # the reset took b's speculative entry too
+    assert s.completed("r1", "b") and s.in_flight("b") == 0
+    s.check()
+
+
+def test_a_dropped_replica_s_decisions_settle_without_counting() -> None:
+    s = state()
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
+    s.routed("k1", "a")
+    s.decide("k2", req([2] * 8, "r2"), ["a", "b"])  # b, unconfirmed
+    s.drop_replica("a")
+    s.drop_replica("b")
+    assert s.completed("r1", "a")
+    s.decide("k2", req([2] * 8, "r2"), ["c"])
+    assert s.in_flight("c") == 1
+    s.check()
+
+
+def test_reported_stats_become_the_replica_state() -> None:
+    s = state()
+    s.add_replica("a", 128)
+    s.set_stats("a", {"running": 2, "waiting": 3, "kv_usage": 0.5})
+    s.set_stats("a", {"waiting": "many", "running": True})  # malformed: kept as they were
+    s.set_stats("nobody", {"running": 9})
+    snap = s.snapshot()
+    assert snap["a"] == {
+        "replica_id": "a",
+        "in_flight": 0,
+        "waiting": 3,
+        "running": 2,
+        "kv_usage": 0.5,
+        "capacity_blocks": 128,
+    }
+    assert "nobody" not in snap
+
+
+def test_check_names_a_broken_count() -> None:
+    s = state()
+    s.decide("k1", req([1] * 8, "r1"), ["a"])
+    s.replicas["a"].in_flight = 5
+    with pytest.raises(InvariantError, match="replica 'a' counts 5 in flight, 1 decisions"):
+        s.check()
+
+
+def test_random_callback_sequences_keep_the_counts_exact() -> None:
+    """Serve's sequences, shuffled: a call is decided; then rejected (reported completed,
+    decided again), confirmed (maybe on a fallback replica), or cancelled unconfirmed
+    (no callback: it expires); a confirmed call completes. check() after every step."""
+    rng = random.Random(7)
+    clock = Clock()
+    s = state("exact", pending_ttl_s=30.0, clock=clock)
+    replicas = ["a", "b", "c"]
+    pending: dict[str, str] = {}  # call (also its request id) -> replica chosen
+    confirmed: list[tuple[str, str]] = []  # (request id, replica)
+    for step in range(800):
+        clock.now += 0.01  # 8 s in all: only the cancelled outlive pending_ttl_s, at the end
+        op = rng.random()
+        if op < 0.3 or not (pending or confirmed):
+            key = f"k{step}"
+            pending[key] = s.decide(key, req([rng.randrange(4)] * 8 + [step], key), replicas)
+        elif op < 0.45 and pending:  # rejected: reported, then asked again
+            key = rng.choice(sorted(pending))
+            assert not s.completed(key, pending[key])
+            pending[key] = s.decide(key, req([1] * 8, key), replicas)
+        elif op < 0.7 and pending:
+            key = rng.choice(sorted(pending))
+            chosen = pending.pop(key)
+            where = chosen if rng.random() < 0.8 else rng.choice(replicas)
+            assert s.routed(key, where)
+            confirmed.append((key, where))
+        elif op < 0.75 and pending:  # cancelled before a replica took it
+            pending.pop(rng.choice(sorted(pending)))
+        elif confirmed:
+            assert s.completed(*confirmed.pop(rng.randrange(len(confirmed))))
+        s.check()
+        assert sum(s.in_flight(r) for r in replicas) >= len(confirmed)
+    for rid, where in confirmed:
+        assert s.completed(rid, where)
+    clock.now += 100.0
+    s.decide("last", req([1] * 8, "last"), replicas)  # sweeps every expired decision
+    assert sum(s.in_flight(r) for r in replicas) == 1
+    s.check()
+
+
+def test_routing_state_rejects_a_bad_ttl_and_no_candidates() -> None:
+    with pytest.raises(ValueError, match="pending_ttl_s must be a positive number, got 0"):
+        state(pending_ttl_s=0)
+    with pytest.raises(ValueError, match="candidates must not be empty"):
+        state().decide("k", req([1, 2]), [])
+
+
+# ------------------------------------------------------------------ config and records
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("policy", "nearest", "policy must be one of"),
+        ("block_size", 0, "block_size must be a positive int, got 0"),
+        ("hash_name", "md5", "hash_name must be one of"),
+        ("hash_seed", 1.5, "hash_seed must be an int or a str, got 1.5"),
+        ("seed", "x", "seed must be an int, got 'x'"),
+        ("options", [1], r"options must be a dict, got \[1\]"),
+        ("events", "yes", "events must be a bool or None, got 'yes'"),
+        ("pending_ttl_s", -1, "pending_ttl_s must be a positive number, got -1"),
+    ],
+)
+def test_router_config_names_the_bad_field(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrefixRouterConfig(**{field: value})
+
+
+def test_router_config_round_trips_through_json_kwargs() -> None:
+    config = PrefixRouterConfig(policy="approx", block_size=8, options={"ttl": 10.0})
+    kwargs = json.loads(json.dumps(config.to_kwargs()))
+    assert PrefixRouterConfig(**kwargs) == config
+    assert not config.subscribes and PrefixRouterConfig().subscribes
+    assert config.build_router().index.ttl == 10.0
+    with pytest.raises(TypeError, match="router 'exact'.*bogus"):
+        PrefixRouterConfig(options={"bogus": 1}).build_router()
+
+
+def test_replica_info_round_trips_through_serve_metadata() -> None:
+    info = ReplicaInfo("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", 256, 16, "xxhash", 0)
+    metadata = json.loads(json.dumps(info.to_metadata()))
+    assert ReplicaInfo.from_metadata(metadata) == info
+    assert ReplicaInfo.from_metadata({}) is None
+    assert ReplicaInfo.from_metadata({"radixkv": {"event_endpoint": "x"}}) is None
+    assert info.matches(PrefixRouterConfig(block_size=16, hash_name="xxhash", hash_seed=0))
+    assert not info.matches(PrefixRouterConfig(block_size=16, hash_name="xxhash", hash_seed=1))
+
+
+def pending(kwargs: dict[str, Any], iid: str = "i1", session: str = "") -> PendingRequest:
+    """A real PendingRequest (its future needs a running loop: call inside one)."""
+    meta = RequestMetadata(request_id="x", internal_request_id=iid, session_id=session)
+    return PendingRequest(args=[], kwargs=kwargs, metadata=meta)
+
+
+def test_route_request_of_reads_the_keyword_arguments() -> None:
+    async def run() -> None:
+        r = route_request_of(pending({"prompt_ids": [5, 6, 7], "namespace": "t1"}, session="s"))
+        assert r is not None
+        assert (r.request_id, r.namespace, r.session) == ("i1", "t1", "s")
+        assert r.tokens.dtype == np.int32 and r.tokens.tolist() == [5, 6, 7]
+        assert route_request_of(pending({"prompt_ids": [1]})).session is None
+        assert route_request_of(pending({})) is None  # a control call: by load
+        assert route_request_of(pending({"prompt_ids": [0.5]})) is None
+        assert route_request_of(pending({"prompt_ids": [[1, 2]]})) is None
+        assert route_request_of(None) is None
+
+    asyncio.run(run())
+
+
+# ------------------------------------------------------------------ over real ZMQ
+def test_event_feed_hands_over_each_replica_s_batches_in_order(caplog) -> None:
+    caplog.set_level(logging.ERROR, logger="radixkv.serve.event_feed")
+    feed = EventFeed(poll_interval_s=0.002)
+    with EventPublisher(LOCAL, LOCAL) as pa, EventPublisher(LOCAL, LOCAL) as pb:
+        feed.add("a", pa.endpoint, pa.replay_endpoint)
+        feed.add("b", pb.endpoint, pb.replay_endpoint)
+        feed.add("bad", "not an endpoint", None)  # logged; the others keep flowing
+        batches = [stored(list(range(i, i + 8))) for i in range(3)]
+        got: list = []
+
+        def arrived() -> bool:
+            for events in batches:
+                pa.publish(events)
+            pb.publish(batches[0])
+            time.sleep(0.05)
+            got.extend(feed.drain())
+            return any(r == "b" for r, _ in got) and sum(r == "a" for r, _ in got) >= 3
+
+        wait_for(arrived, "batches from both replicas")
+        from_a = [events for r, events in got if r == "a"]
+        assert all(from_a[i] == batches[i % 3] for i in range(len(from_a)))  # in order
+        assert {r for r, _ in got} == {"a", "b"}
+        feed.remove("a")
+        time.sleep(0.1)
+        feed.drain()
+        pa.publish(batches[0])
+        pb.publish(batches[1])
+        got.clear()
+        wait_for(lambda: got.extend(feed.drain()) or ("b", batches[1]) in got, "b after a")
+        time.sleep(0.05)
+        assert all(r == "b" for r, _ in feed.drain())
+    assert "cannot subscribe to replica 'bad'" in caplog.text
+    feed.close()
+    assert not feed.running
+    with pytest.raises(RuntimeError, match="after close"):
+        feed.add("c", "tcp://127.0.0.1:1", None)
+
+
+class StandInReplica:
+    """What PrefixRouter reads of a Serve ``RunningReplica``: its id, stats and metadata."""
+
+    def __init__(self, uid: str, metadata: dict[str, Any], stats: dict[str, Any] | None = None):
+        self.replica_id = ReplicaID(uid, DeploymentID(name="Engine", app_name="app"))
+        self.replica_metadata = metadata
+        self.routing_stats = stats or {}
+        self.max_ongoing_requests = 8
+
+
+def prefix_router() -> PrefixRouter:
+    """A real PrefixRouter, built as Serve builds it (no Ray needed to construct one)."""
+    router = PrefixRouter(
+        deployment_id=DeploymentID(name="Engine", app_name="app"),
+        handle_source=DeploymentHandleSource.UNKNOWN,
+        use_replica_queue_len_cache=True,
+    )
+    router.initialize_state(**PrefixRouterConfig(block_size=BS).to_kwargs())
+    return router
+
+
+def test_prefix_router_routes_on_its_replicas_events_and_serve_s_callbacks(caplog) -> None:
+    caplog.set_level(logging.ERROR)
+    prefix = list(range(200, 224))
+    with EventPublisher(LOCAL, LOCAL) as pa, EventPublisher(LOCAL, LOCAL) as pb:
+
+        def meta(pub: EventPublisher, seed: int = 0) -> ReplicaInfo:
+            return ReplicaInfo(pub.endpoint, pub.replay_endpoint, 64, BS, "xxhash", seed)
+
+        a = StandInReplica("a", meta(pa).to_metadata(), {"running": 1, "kv_usage": 0.25})
+        b = StandInReplica("b", meta(pb).to_metadata())
+        c = StandInReplica("c", meta(pb, seed=1).to_metadata())  # hashes otherwise
+        router = prefix_router()
+
+        async def run() -> None:
+            control = pending({})
+            assert await router.choose_replicas([a, b, c], control) == [[a, b, c]]
+            snap = router.snapshot()
+            assert snap["a"]["running"] == 1 and snap["a"]["capacity_blocks"] == 64
+
+            expected = sorted(chain_hashes(XX, prefix, BS, None))
+            deadline = time.monotonic() + DEADLINE_S
+            while router.snapshot()["b"]["blocks"] != expected:  # the feed runs on its thread
+                assert time.monotonic() < deadline, "b's events never reached the index"
+                pb.publish(stored(prefix))
+                await asyncio.sleep(0.05)
+            call = pending({"prompt_ids": prefix + [1, 2]}, iid="i2")
+            assert await router.choose_replicas([a, b], call) == [[b], [a]]
+            assert router.state.in_flight("b") == 1
+            router.on_request_routed(call, b.replica_id, None)
+            router.on_request_completed(b.replica_id, "i2")
+            assert router.state.in_flight("b") == 0
+            router.state.check()
+            router.on_replica_actor_died(b.replica_id)
+            assert "b" not in router.snapshot()
+            assert await router.choose_replicas([a], pending({"prompt_ids": prefix})) == [[a]]
+            assert "b" not in router.snapshot()
+
+        asyncio.run(run())
+        assert "replica c hashes blocks as" in caplog.text
+        router._feed.close()
+
+
+def test_cache_block_hashes_are_the_chain_hashes_of_what_the_cache_holds() -> None:
+    pytest.importorskip("torch")
+    from radixkv.serve.fleet import cache_block_hashes
+
+    alloc = BlockAllocator(64, BS)
+    cache = RadixCache(alloc, events=XX)
+    a, b = list(range(300, 316)), list(range(300, 308)) + [1] * 8  # b splits a's node
+    for tokens in (a, b):
+        blocks = alloc.alloc(len(tokens) // BS)
+        cache.insert(tokens, blocks)
+        alloc.decref(blocks)
+    expected = set(chain_hashes(XX, a, BS, None)) | set(chain_hashes(XX, b, BS, None))
+    assert cache_block_hashes(cache) == sorted(expected)
+    assert cache.evict(1) >= 1  # a whole leaf goes
+    after = cache_block_hashes(cache)
+    assert len(after) == cache.cached_blocks < len(expected) and set(after) < expected
+    with pytest.raises(ValueError, match="cache must be a radix cache with events on"):
+        cache_block_hashes(RadixCache(BlockAllocator(8, BS)))
+
+
+def test_build_fleet_app_names_a_bad_argument() -> None:
+    pytest.importorskip("torch")
+    from radixkv.serve.fleet import build_fleet_app
+
+    with pytest.raises(ValueError, match="router must be one of .*'serve'.*got 'nearest'"):
+        build_fleet_app("random", replicas=2, router="nearest")
+    with pytest.raises(ValueError, match="replicas must be a positive int, got 0"):
+        build_fleet_app("random", replicas=0)
+    with pytest.raises(ValueError, match="replica_cpus must be a positive number, got 0"):
+        build_fleet_app("random", replicas=1, replica_cpus=0)
+    with pytest.raises(TypeError, match="router 'chwbl'.*spread"):
+        build_fleet_app("random", replicas=1, router="chwbl", router_options={"spread": 2})
+
+
+# ------------------------------------------------------------------ a fleet on Ray Serve
+NUM_BLOCKS = 256
+GROUPS, PER_GROUP, MAX_TOKENS = 6, 4, 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    """Ray on 2 CPUs with two fleets of 2 random-model replicas: ``/exact`` and ``/serve``."""
+    from radixkv.serve.fleet import build_fleet_app
+
+    temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # Ray's socket paths must stay short
+    port = free_port()
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=int(2e8),
+        _temp_dir=temp,
+        log_to_driver=False,
+    )
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        common = dict(
+            replicas=2,
+            num_blocks=NUM_BLOCKS,
+            replica_cpus=0.25,
+            stats_period_s=0.5,
+            health_check_period_s=1.0,
+        )
+        serve.run_many(
+            [
+                serve.RunTarget(
+                    build_fleet_app("random", router="exact", **common),
+                    name="exact",
+                    route_prefix="/exact",
+                ),
+                serve.RunTarget(
+                    build_fleet_app("random", router="serve", **common),
+                    name="serve",
+                    route_prefix="/serve",
+                ),
+            ]
+        )
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = requests.post(url, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def workload() -> list[str]:
+    """GROUPS x PER_GROUP prompts; a group shares a 100-byte (6-block) prefix."""
+    prompts = []
+    for g in range(GROUPS):
+        prefix = f"[group {g}] You are a terse assistant; answer in one word. " * 2
+        prefix = prefix[:100]
+        prompts += [f"{prefix} Question {g}.{i}: what is {i} + {g}?" for i in range(PER_GROUP)]
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def answers(fleet: str) -> dict[str, list[dict[str, Any]]]:
+    """The workload's responses from each fleet, sent one at a time, greedy, with token ids."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in ("exact", "serve"):
+        out[name] = [
+            post(
+                f"{fleet}/{name}/v1/completions",
+                {"prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True},
+            )
+            for p in workload()
+        ]
+    return out
+
+
+def hit_rate(responses: list[dict[str, Any]]) -> float:
+    cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in responses)
+    return cached / sum(r["usage"]["prompt_tokens"] for r in responses)
+
+
+def test_exact_routing_beats_serve_s_power_of_two_on_shared_prefixes(answers) -> None:
+    exact, pow2 = hit_rate(answers["exact"]), hit_rate(answers["serve"])
+    # every request after a group's first finds the group's 6 prefix blocks (96 tokens)
+    for i, r in enumerate(answers["exact"]):
+        cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= (0 if i % PER_GROUP == 0 else 96), (i, cached)
+    # power of two picks at random between two idle replicas: about half the followers miss
+    print(f"hit rate: exact {exact:.3f}, Serve's power of two {pow2:.3f}")
+    assert exact > pow2, (exact, pow2)
+
+
+def test_outputs_equal_one_local_engine_s_greedy_outputs(fleet: str, answers) -> None:
+    from radixkv.engine.request import SamplingParams
+    from radixkv.serve.models import ByteTokenizer, build_engine
+
+    tok = ByteTokenizer()
+    engine = build_engine("random", num_blocks=NUM_BLOCKS, seed=0)
+    params = SamplingParams(max_new_tokens=MAX_TOKENS, stop_token_ids=tok.stop_token_ids)
+    local = [c.output_ids for c in engine.generate([tok.encode(p) for p in workload()], params)]
+    for name in ("exact", "serve"):
+        assert [r["choices"][0]["token_ids"] for r in answers[name]] == local, name
+    # streamed through the ingress: the same ids and text, chunk by chunk
+    prompt = workload()[1]
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+    with requests.post(
+        f"{fleet}/exact/v1/completions",
+        json={**body, "stream": True, "return_token_ids": True},
+        stream=True,
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200
+        lines = [x for x in r.iter_lines(decode_unicode=True) if x]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(x[len("data: ") :]) for x in lines[:-1]]
+    ids = [t for c in chunks for t in c["choices"][0].get("token_ids") or []]
+    assert ids == local[1]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert text == answers["exact"][1]["choices"][0]["text"]
+
+
+def test_a_bad_request_is_a_400_naming_the_problem(fleet: str) -> None:
+    r = requests.post(
+        f"{fleet}/exact/v1/completions", json={"prompt": "x", "max_tokens": 10**6}, timeout=60
+    )
+    assert r.status_code == 400
+    assert "max_new_tokens is 1000000" in r.json()["error"]["message"]
+    r = requests.post(f"{fleet}/exact/v1/completions", json={"prompt": 5}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def cache_states(app: str) -> dict[str, dict[str, Any]]:
+    handle = serve.get_deployment_handle("EngineReplica", app)
+    return {s["replica_id"]: s for s in handle.broadcast("cache_state").results(timeout_s=30)}
+
+
+def test_the_router_s_index_equals_each_replica_s_cache(fleet: str, answers) -> None:
+    def same() -> tuple | None:
+        caches = cache_states("exact")
+        view = requests.get(f"{fleet}/exact/router", timeout=30).json()
+        if {r: v["blocks"] for r, v in view.items()} == {r: s["blocks"] for r, s in caches.items()}:
+            return caches, view
+        return None
+
+    caches, view = wait_for(same, "the index to match the caches", timeout=10)
+    assert len(caches) == 2
+    # every group's prefix (6 blocks) is cached somewhere; nothing is left in flight
+    assert sum(len(s["blocks"]) for s in caches.values()) >= 6 * GROUPS, caches
+    assert all(v["in_flight"] == 0 for v in view.values())
+
+
+def test_killing_a_replica_fails_no_later_request(fleet: str, answers) -> None:
+    caches = cache_states("exact")
+    # the replica holding the workload's prefixes: the router's index still sends them there
+    victim, survivor = sorted(caches, key=lambda r: -len(caches[r]["blocks"]))
+    assert caches[victim]["blocks"]
+    ray.kill(ray.get_actor(caches[victim]["actor_name"], namespace="serve"), no_restart=True)
+    for p in workload():
+        r = post(f"{fleet}/exact/v1/completions", {"prompt": p, "max_tokens": 2})
+        assert r["choices"][0]["finish_reason"] in ("length", "stop")
+
+    def dropped() -> bool:
+        view = requests.get(f"{fleet}/exact/router", timeout=30).json()
+        return victim not in view and survivor in view
+
+    wait_for(dropped, "the dead replica to leave the router's view", timeout=15)
