@@ -496,6 +496,24 @@ def test_build_fleet_app_names_a_bad_argument() -> None:
         build_fleet_app("random", replicas=1, router="chwbl", router_options={"spread": 2})
 
 
+def test_ray_prefix_router_is_wired_with_the_prompt_as_text() -> None:
+    """--router ray_prefix runs Ray's PrefixCacheAffinityRouter, which reads a positional
+    argument with a ``prompt`` attribute: the ingress is told to send one."""
+    pytest.importorskip("torch")
+    from radixkv.serve.fleet import RAY_PREFIX_ROUTER, build_fleet_app
+    from radixkv.serve.fleet_ingress import PromptText
+
+    app = build_fleet_app("random", replicas=2, router=RAY_PREFIX_ROUTER)
+    ingress = app._bound_deployment
+    assert ingress.init_kwargs["send_prompt_text"] is True
+    engine = ingress.init_args[0]
+    config = engine._bound_deployment._deployment_config.request_router_config
+    assert config.request_router_class.endswith("PrefixCacheAffinityRouter")
+    assert PromptText("abc").prompt == "abc"
+    other = build_fleet_app("random", replicas=2, router="exact")
+    assert other._bound_deployment.init_kwargs["send_prompt_text"] is False
+
+
 # ------------------------------------------------------------------ a fleet on Ray Serve
 NUM_BLOCKS = 256
 GROUPS, PER_GROUP, MAX_TOKENS = 6, 4, 6

@@ -47,6 +47,7 @@ from radixkv.serve.ray_router import PrefixRouter, PrefixRouterConfig, ReplicaIn
 
 __all__ = [
     "FLEET_ROUTERS",
+    "RAY_PREFIX_ROUTER",
     "SERVE_DEFAULT_ROUTER",
     "EngineReplica",
     "build_fleet_app",
@@ -57,7 +58,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SERVE_DEFAULT_ROUTER = "serve"  # Serve's own power-of-two-choices router, untouched
-FLEET_ROUTERS = (*sorted(ROUTERS), SERVE_DEFAULT_ROUTER)
+# Ray's own prefix-aware router (a text prefix tree in a detached actor), for comparison.
+RAY_PREFIX_ROUTER = "ray_prefix"
+# (ray.serve.llm re-exports it, but importing that needs pyarrow: the internal path does not)
+_RAY_PREFIX_CLASS = (
+    "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router"
+    ".PrefixCacheAffinityRouter"
+)
+FLEET_ROUTERS = (*sorted(ROUTERS), SERVE_DEFAULT_ROUTER, RAY_PREFIX_ROUTER)
 
 
 def cache_block_hashes(cache: Any) -> list[int]:
@@ -138,13 +146,16 @@ class EngineReplica:
 
     async def generate(
         self,
+        hint: Any = None,
+        *,
         prompt_ids: Sequence[int],
         params: SamplingParams,
         namespace: Hashable = None,
         cap_to_pool: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs (call with ``handle.options(stream=True)`` and the
-        keyword ``prompt_ids``, which the router reads). ``cap_to_pool`` lowers
+        keyword ``prompt_ids``, which the router reads; ``hint``, ignored here, is the
+        prompt as text for Ray's prefix router). ``cap_to_pool`` lowers
         ``params.max_new_tokens`` to what the pool can hold for this prompt (a default,
         not a client's explicit ask). The engine's ``TypeError``/``ValueError`` for a bad
         request comes out of the first iteration; leaving early aborts the request."""
@@ -165,6 +176,17 @@ class EngineReplica:
             "replica_id": ctx.replica_id.unique_id,
             "actor_name": ray.get_runtime_context().get_actor_name(),
             "blocks": blocks,
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        """This replica's id and its engine's counters since it started."""
+        m = self.engine.metrics()
+        return {
+            "replica_id": serve.get_replica_context().replica_id.unique_id,
+            "requests_finished": m.requests_finished,
+            "prompt_tokens": m.prompt_tokens,
+            "prefix_cache_queries": m.prefix_cache_queries,
+            "prefix_cache_hits": m.prefix_cache_hits,
         }
 
     def check_health(self) -> None:
@@ -227,6 +249,10 @@ def build_fleet_app(
     stats = {"request_routing_stats_period_s": stats_period_s}
     if router == SERVE_DEFAULT_ROUTER:
         options["request_router_config"] = RequestRouterConfig(**stats)
+    elif router == RAY_PREFIX_ROUTER:
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=_RAY_PREFIX_CLASS, **stats
+        )
     else:
         hasher = event_hasher()
         config = PrefixRouterConfig(
@@ -257,7 +283,12 @@ def build_fleet_app(
         max_ongoing_requests=4 * max_num_seqs * replicas,
         ray_actor_options={"num_cpus": 0.1},
     )
-    return ingress.bind(engine, model=model, model_name=model_name(model))
+    return ingress.bind(
+        engine,
+        model=model,
+        model_name=model_name(model),
+        send_prompt_text=router == RAY_PREFIX_ROUTER,
+    )
 
 
 def serve_fleet(

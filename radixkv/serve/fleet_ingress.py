@@ -24,6 +24,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,13 @@ class _Job:
         yield "data: [DONE]\n\n"
 
 
+@dataclass(frozen=True)
+class PromptText:
+    """A call's prompt as text, for routers that match on text (Ray's prefix router)."""
+
+    prompt: str
+
+
 # serve.ingress pickles the app's routes when the class is defined: everything they use
 # must be defined above this line.
 @serve.deployment(name="FleetIngress")
@@ -187,11 +195,19 @@ class FleetIngress:
     """The OpenAI API over a deployment of :class:`~radixkv.serve.fleet.EngineReplica`
     (``engine``, a handle), for the model ``model`` served as ``model_name``."""
 
-    def __init__(self, engine: DeploymentHandle, *, model: str, model_name: str) -> None:
+    def __init__(
+        self,
+        engine: DeploymentHandle,
+        *,
+        model: str,
+        model_name: str,
+        send_prompt_text: bool = False,
+    ) -> None:
         self.engine = engine
         self.tokenizer = load_tokenizer(model)
         self.model_name = model_name
         self.created = int(time.time())
+        self.send_prompt_text = send_prompt_text
 
     # ------------------------------------------------------------ routes
     @api.post("/v1/completions", response_model=None)
@@ -224,6 +240,13 @@ class FleetIngress:
     @api.get("/health")
     async def health(self) -> Response:
         return Response(status_code=200)
+
+    @api.get("/replicas")
+    async def replica_stats(self) -> dict[str, Any]:
+        """Every engine replica's counters (:meth:`EngineReplica.stats`), by replica id: what
+        a benchmark reads before and after a run for requests served per replica."""
+        response = self.engine.broadcast("stats")
+        return {s["replica_id"]: s for s in await response.results_async(timeout_s=30)}
 
     @api.get("/router")
     async def routing_snapshot(self) -> dict[str, Any]:
@@ -268,8 +291,13 @@ class FleetIngress:
         """The routed call's outputs; its first one is awaited here, so a request the replica
         refuses is a 400 before any response starts. Leaving early cancels the call (the
         replica aborts the request)."""
+        # Ray's PrefixCacheAffinityRouter reads text from a positional argument with a
+        # ``prompt`` attribute; radixkv's routers read the ``prompt_ids`` keyword.
+        hint = None
+        if self.send_prompt_text:
+            hint = PromptText(self.tokenizer.decode(list(prompt_ids)))
         call = self.engine.options(stream=True).generate.remote(
-            prompt_ids=list(prompt_ids), params=params, namespace=namespace, cap_to_pool=cap
+            hint, prompt_ids=list(prompt_ids), params=params, namespace=namespace, cap_to_pool=cap
         )
         try:
             first = await call.__anext__()
