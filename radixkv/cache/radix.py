@@ -210,7 +210,8 @@ class RadixCache:
         self._leaves = SortedList()
         self._num_dead = 0  # entries in _leaves whose node is no longer a leaf
         self._held = np.zeros(allocator.num_blocks, dtype=np.bool_)
-        self._rc = allocator.refcount_array  # read-only here; the allocator never replaces it
+        # the allocator never replaces it; written here only by match (kernels.incref_held)
+        self._rc = allocator.refcount_array
         self._num_cached = 0
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
@@ -362,7 +363,7 @@ class RadixCache:
             return MatchResult(_EMPTY_BLOCKS, 0)
         # One copy into a fresh writable buffer: the caller owns its result.
         blocks = np.frombuffer(bytearray().join(parts), dtype=np.int32)
-        self._alloc.incref_distinct(blocks)
+        kernels.incref_held(self._rc, blocks)  # the tree's own blocks: in range, allocated
         num_tokens = pos // _TOKEN_BYTES
         if stats:
             counters.hit_tokens += num_tokens
