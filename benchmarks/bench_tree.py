@@ -11,8 +11,12 @@ Workloads (seeded):
 
 Timings are medians over --repeats runs of the whole workload, reported per request
 (us/req) and as tokens/s; the naive trie is measured in the same run (ratio = naive /
-radixkv). Inputs are numpy int32 token arrays and block arrays (the tree's native
-form); list inputs add a conversion cost, reported in the `list input` rows.
+radixkv). Each of insert and match runs for every input kind users pass (``INPUTS``:
+int32 arrays, int64 token arrays, Python lists, CPU torch tensors), beside two same-run
+baselines: ``conversion`` (one np.fromiter of each request's list: what a list must
+cost at least once) and, for match, ``floor`` (read the query once, take one reference
+per matched block). The note column gives a list row against int32 + conversion and the
+int32 match against its floor.
 
     python benchmarks/bench_tree.py            # full run (several minutes)
     python benchmarks/bench_tree.py --quick    # smaller, for a smoke check
