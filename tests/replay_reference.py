@@ -7,6 +7,7 @@ hypothesis strategy, the seed's sanity checks, and LFU by linear scan (a check o
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,10 +61,11 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
     repeatedly removes the whole leaf with the smallest key among leaves off the request's
     matched path, scanning every node (``level``: deepest end first, then least recently
     used; ``lru``: least recently used; ``lfu``: fewest hits, then LRU; ``fifo``: oldest
-    creation; ``priority``: all 0 in a replay, so LRU; ``lrfu``: last access plus 1000 per
-    hit for up to 3 hits, then last access); ``insert`` touches the path and hangs the new
-    tokens under it as one leaf. Every match and insert ticks the clock; every node a match
-    walks through (a split's head included) counts a hit.
+    creation; ``priority``: all 0 in a replay, so LRU; ``lrfu``: last access plus 200 per
+    hit for up to 3 hits, then last access; ``deep``: last access plus int(100 log2 depth)
+    plus, once hit, twice (last access - creation), then last access); ``insert`` touches
+    the path and hangs the new tokens under it as one leaf. Every match and insert ticks the
+    clock; every node a match walks through (a split's head included) counts a hit.
     """
     root = _TrieNode([], None, 0, 0)
     clock = 0
@@ -77,7 +79,13 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
             "lfu": (node.hits, last),
             "fifo": (node.created,),
             "priority": (0, last),
-            "lrfu": (last + 1000 * min(node.hits, 3), last),
+            "lrfu": (last + 200 * min(node.hits, 3), last),
+            "deep": (
+                last
+                + int(100 * math.log2(max(node.depth_end, 1)))
+                + (2 * (last - node.created) if node.hits else 0),
+                last,
+            ),
         }[eviction]
 
     def nodes():

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv import BlockAllocator, RadixCache
-from radixkv.cache.eviction import EVICTION_ORDERS, LrfuOrder
+from radixkv.cache.eviction import EVICTION_ORDERS, DeepOrder, LrfuOrder
 
 
 def cache_with(order, num_blocks: int = 16) -> tuple[RadixCache, BlockAllocator]:
@@ -109,11 +109,43 @@ def test_lrfu_gives_each_hit_a_bonus_up_to_max_hits() -> None:
     assert survivors(cache, [A, [7]]) == [True, False]
 
 
-@pytest.mark.parametrize("arg", ["boost", "max_hits"])
+def test_deep_keeps_a_deep_leaf_over_newer_shallow_ones() -> None:
+    cache, alloc = cache_with(DeepOrder(depth_credit=10, span_weight=0))
+    deep = list(range(1, 9))
+    put(cache, alloc, deep)  # clock 1, depth 8: key 1 + 10 * 3 = 31
+    put(cache, alloc, [20])  # clock 2, depth 1: key 2
+    put(cache, alloc, [21, 22])  # clock 3, depth 2: key 3 + 10 = 13
+    cache.evict(1)
+    assert survivors(cache, [deep, [20], [21, 22]]) == [True, False, True]
+    cache.evict(1)  # LRU would take the deep leaf (last access 1) here
+    assert survivors(cache, [deep, [20], [21, 22]]) == [True, False, False]
+
+
+def test_deep_credits_a_hit_leaf_with_twice_its_span_of_use() -> None:
+    cache, alloc = cache_with(DeepOrder(depth_credit=0, span_weight=2))
+    for p in ([1], [2], [3]):  # clocks 1, 2, 3
+        put(cache, alloc, p)
+    hit(cache, alloc, [1])  # clock 4, created 1: key 4 + 2 * 3 = 10
+    others = [[4], [5], [6], [7], [8]]  # clocks 5..9, never hit
+    for p in others:
+        put(cache, alloc, p)
+    cache.evict(6)  # keys 2, 3, 5, 6, 7, 8 go; 9 and 10 stay (LRU would drop [1] third)
+    assert survivors(cache, [[1], [2], [3], *others]) == [True] + [False] * 6 + [True]
+
+
+@pytest.mark.parametrize(
+    ("order", "arg"),
+    [
+        (LrfuOrder, "boost"),
+        (LrfuOrder, "max_hits"),
+        (DeepOrder, "depth_credit"),
+        (DeepOrder, "span_weight"),
+    ],
+)
 @pytest.mark.parametrize("value", [-1, 1.5, True, None])
-def test_lrfu_arguments_are_checked_by_name(arg: str, value: object) -> None:
+def test_order_arguments_are_checked_by_name(order: type, arg: str, value: object) -> None:
     with pytest.raises(ValueError, match=arg):
-        LrfuOrder(**{arg: value})
+        order(**{arg: value})
 
 
 @pytest.mark.parametrize("priority", [1.5, "2", True, None])

@@ -24,15 +24,25 @@ Orders (``EVICTION_ORDERS``):
   its last access plus ``boost`` ticks for each of its first ``max_hits``
   hits, so a leaf matched three times outlives one inserted ``3 * boost``
   ticks later and never used; a scan of one-off prompts (no hits) ages out
-  first. ``docs/replay.md`` has the measurements behind the defaults.
+  first.
+- ``deep``: level's opposite, plus a credit for use: a leaf's key is its last
+  access plus ``depth_credit`` ticks per doubling of its depth and, once it
+  has been hit, ``span_weight`` times the span it has been in use (last
+  access minus creation). Deep leaves are long conversations and long
+  documents; a long span of use is the self-scaling form of frequency.
+
+``docs/replay.md`` ("Eviction orders on the Mooncake traces") has the
+measurements behind the ``lrfu`` and ``deep`` defaults.
 """
 
 from __future__ import annotations
 
+from math import log2
 from typing import Protocol
 
 __all__ = [
     "EVICTION_ORDERS",
+    "DeepOrder",
     "EvictionOrder",
     "FifoOrder",
     "LeafView",
@@ -130,10 +140,8 @@ class LrfuOrder:
 
     name = "lrfu"
 
-    def __init__(self, boost: int = 1000, max_hits: int = 3) -> None:
-        for arg, value in (("boost", boost), ("max_hits", max_hits)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
+    def __init__(self, boost: int = 200, max_hits: int = 3) -> None:
+        _check_ints(boost=boost, max_hits=max_hits)
         self.boost = boost
         self.max_hits = max_hits
 
@@ -143,6 +151,43 @@ class LrfuOrder:
         return (last + self.boost * (hits if hits < self.max_hits else self.max_hits), last)
 
 
+class DeepOrder:
+    """Recency plus ``depth_credit`` ticks per doubling of depth, plus ``span_weight`` times
+    the span of use (``last_access - created``) once the leaf has been hit.
+
+    The depth credit keeps the deep leaves that ``level`` throws out first: on
+    the Mooncake traces those are long conversations and long documents, the
+    ones reused most. It is a log, so the token unit of ``depth_end`` (blocks of
+    any size) shifts every leaf's credit by the same amount, up to rounding; but it
+    is given to unused leaves too, so a scan of long one-off prompts is kept
+    ``depth_credit * log2(length)`` ticks longer than LRU would keep it. The
+    span credit is frequency without a clock constant: a leaf only lives long
+    enough to show a long span where the cache is big enough to keep it.
+    ``ValueError`` naming the argument unless both are ints >= 0.
+    """
+
+    name = "deep"
+
+    def __init__(self, depth_credit: int = 100, span_weight: int = 2) -> None:
+        _check_ints(depth_credit=depth_credit, span_weight=span_weight)
+        self.depth_credit = depth_credit
+        self.span_weight = span_weight
+
+    def key(self, node: LeafView) -> tuple[int, ...]:
+        last = node.last_access
+        k = last + int(self.depth_credit * log2(max(node.depth_end, 1)))
+        if node.hits:
+            k += self.span_weight * (last - node.created)
+        return (k, last)
+
+
+def _check_ints(**args: object) -> None:
+    """``ValueError`` naming the first argument that is not an int >= 0 (bools refused)."""
+    for arg, value in args.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
+
+
 EVICTION_ORDERS: dict[str, type] = {
     "level": LevelOrder,
     "lru": LruOrder,
@@ -150,6 +195,7 @@ EVICTION_ORDERS: dict[str, type] = {
     "fifo": FifoOrder,
     "priority": PriorityOrder,
     "lrfu": LrfuOrder,
+    "deep": DeepOrder,
 }
 
 
