@@ -5,8 +5,8 @@ Baselines that ignore the caches: ``round_robin``, ``least_loaded`` (fewest
 in flight), ``pow2`` (the better of two random picks), ``session`` (a session
 sticks to its first replica) and ``chwbl`` (KubeAI's consistent hashing with
 bounded loads on the prompt's first block). Prefix-aware: ``approx`` (an
-:class:`~radixkv.fleet.index.ApproxIndex` learned from its own decisions) and
-``exact`` (an :class:`~radixkv.fleet.index.ExactIndex` fed by the replicas' KV
+:class:`~radixkv.fleet.approx.ApproxIndex` learned from its own decisions) and
+``exact`` (an :class:`~radixkv.fleet.exact.ExactIndex` fed by the replicas' KV
 events, with speculative entries), both scored by :class:`LoadAwareScoring`.
 
 ``make_router(name, block_size=..., ...)`` builds one by name; ``ROUTERS``
@@ -34,7 +34,10 @@ import numpy as np
 import xxhash
 
 from radixkv.cache.events import ChainHasher, KVCacheEvent, namespace_extra_keys
-from radixkv.fleet.index import ApproxIndex, Clock, ExactIndex, chain_hashes
+from radixkv.fleet.approx import ApproxIndex
+from radixkv.fleet.chain import chain_hashes
+from radixkv.fleet.exact import ExactIndex
+from radixkv.fleet.index_base import Clock
 from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
 
 __all__ = [

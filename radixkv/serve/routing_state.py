@@ -20,7 +20,8 @@ from typing import Any
 
 from radixkv.cache.allocator import invariant
 from radixkv.cache.events import AllBlocksCleared, KVCacheEvent
-from radixkv.fleet.index import ApproxIndex, ExactIndex
+from radixkv.fleet.approx import ApproxIndex
+from radixkv.fleet.exact import ExactIndex
 from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
 from radixkv.fleet.transport import Reset
 
