@@ -200,6 +200,7 @@ def test_a_pinned_prefix_survives_any_order_until_unpinned(order: str) -> None:
     put(cache, alloc, B)
     assert cache.pin(system) == 4
     assert cache.pinned_blocks == cache.stats.pinned_blocks == 4
+    assert cache.evictable_blocks == 4  # A and B; the pinned 4 are not evictable
     cache.evict(100)
     assert cache.peek(system + A) == 4 and cache.peek(B) == 0  # the tail beyond the pin went
     cache.check()
@@ -295,8 +296,12 @@ def test_pins_keep_their_blocks_through_any_workload(order, ops) -> None:
         elif pins:
             cache.unpin(pins.pop())
         cache.check()
+        assert cache.evictable_blocks == cache.cached_blocks - cache.pinned_blocks
         for p in pins:  # every pinned prefix is still cached in full
             assert cache.peek(p) > 0
+    evictable = cache.evictable_blocks
+    assert cache.evict(10**6) == evictable  # what it says is evictable, and no more
+    assert cache.cached_blocks == cache.pinned_blocks
     while pins:
         cache.unpin(pins.pop())
     cache.evict(10**6)

@@ -264,7 +264,8 @@ class RadixCache:
 
     @property
     def evictable_blocks(self) -> int:
-        """Blocks ``evict`` could free now: every cached block with no held block at or below it.
+        """Blocks ``evict`` could free now: every cached block with no held block at or below it,
+        outside pinned nodes.
 
         Complexity: O(nodes + cached blocks), vectorised per node.
         """
@@ -283,7 +284,9 @@ class RadixCache:
                     stack.extend((c, False) for c in node.children.values())
                     continue
                 good = all(ok[id(c)] for c in node.children.values())
-                if node is not root and good:
+                if node.pinned:
+                    good = False  # evict skips it, so nothing above it goes either
+                elif node is not root and good:
                     # Blocks after the last held one can go (evict splits them off).
                     busy = last_busy(rc, node.block_ids())
                     total += node.num_blocks - (busy + 1)
