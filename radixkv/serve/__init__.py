@@ -3,7 +3,8 @@
 :mod:`~radixkv.serve.async_engine` runs an :class:`~radixkv.engine.Engine` on a
 thread of its own for asyncio code (:mod:`~radixkv.serve.worker` is that thread,
 :mod:`~radixkv.serve.stream` what a caller iterates); :mod:`~radixkv.serve.app` is the FastAPI app
-(:mod:`~radixkv.serve.protocol` the request and response shapes,
+(:mod:`~radixkv.serve.handlers` the OpenAI request handling it shares with the fleet's
+ingress, :mod:`~radixkv.serve.protocol` the request and response shapes,
 :mod:`~radixkv.serve.text` incremental text and stop strings,
 :mod:`~radixkv.serve.metrics` Prometheus text); :mod:`~radixkv.serve.models` loads
 what ``--model`` names; :mod:`~radixkv.serve.cli` is ``radixkv serve``. Needs the

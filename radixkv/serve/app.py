@@ -17,69 +17,26 @@ if it started it, stops it on shutdown.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+import dataclasses
+from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from radixkv.engine.request import SamplingParams
 from radixkv.serve.async_engine import AsyncEngine, RequestOutput, RequestStream
-from radixkv.serve.metrics import CONTENT_TYPE, render_metrics
-from radixkv.serve.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    chat_chunk,
-    chat_response,
-    completion_chunk,
-    completion_response,
-    error_body,
-    namespace_of,
-    new_id,
-    usage,
-    usage_chunk,
+from radixkv.serve.errors import ApiError, error_response, install_error_handlers
+from radixkv.serve.handlers import (
+    DEFAULT_CHAT_MAX_TOKENS,
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    OpenAIHandlers,
 )
-from radixkv.serve.text import TextStream
+from radixkv.serve.metrics import CONTENT_TYPE, render_metrics
+from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_COMPLETION_MAX_TOKENS", "ApiError", "build_app"]
-
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-DEFAULT_CHAT_MAX_TOKENS = 1024  # capped further by what the KV pool can hold
-
-
-class ApiError(Exception):
-    """An error the API answers with OpenAI's error body and ``status``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = error_body(message, type_=type_, param=param, code=code)
-
-
-@dataclass
-class _Job:
-    """One request in flight: its output stream, its text, and how to answer."""
-
-    rid: str
-    stream: RequestStream
-    text: TextStream
-    prompt_len: int
-    token_ids: bool
-    include_usage: bool
 
 
 def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
@@ -93,7 +50,7 @@ def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
         raise TypeError(f"engine must be an AsyncEngine, got {type(engine).__name__}")
     if not isinstance(model_name, str) or not model_name:
         raise ValueError(f"model_name must be a non-empty str, got {model_name!r}")
-    api = _Api(engine, model_name)
+    api = OpenAIHandlers(_EngineClient(engine), model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,14 +64,7 @@ def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
 
     app = FastAPI(title="radixkv", lifespan=lifespan)
     app.state.engine = engine
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error_response(_validation_error(exc))
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error_response(exc)
+    install_error_handlers(app)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -133,7 +83,7 @@ def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
         if engine.is_running:
             return Response(status_code=200)
         message = "the engine is not running"
-        return _error_response(ApiError(503, message, type_="service_unavailable"))
+        return error_response(ApiError(503, message, type_="service_unavailable"))
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -143,14 +93,17 @@ def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
     return app
 
 
-class _Api:
-    """The endpoints' logic, apart from routing."""
+class _EngineClient:
+    """:class:`~radixkv.serve.handlers.EngineClient` over one engine: the handlers check a
+    request against its vocabulary and pool before queueing it."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.model_name = model_name
         self.tokenizer = engine.engine.tokenizer
-        self.created = int(time.time())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
 
     @property
     def max_model_len(self) -> int:
@@ -158,284 +111,40 @@ class _Api:
         alloc = self.engine.engine.allocator
         return alloc.num_blocks * alloc.block_size
 
-    def models(self) -> dict[str, Any]:
-        card = {
-            "id": self.model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "radixkv",
-            "max_model_len": self.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+    def max_new_tokens(self, prompt_len: int) -> int:
+        return self.engine.max_new_tokens(prompt_len)
 
-    # ------------------------------------------------------------ endpoints
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        self._check_model(body.model)
-        if isinstance(body.prompt, str):
-            prompt_ids = self._tokenizer("a text prompt").encode(body.prompt)
-            if not prompt_ids:
-                raise ApiError(400, "prompt encodes to no tokens", param="prompt")
-        else:
-            prompt_ids = body.prompt
-        job = self._start(
-            body,
-            prompt_ids,
-            prompt_param="prompt",
-            max_tokens=body.max_tokens,
-            default_max_tokens=DEFAULT_COMPLETION_MAX_TOKENS,
-        )
-        if body.stream:
-            return _sse_response(self._completion_events(job, request))
-        out, finish = await self._collect(job, request)
-        return JSONResponse(
-            completion_response(
-                job.rid,
-                self.model_name,
-                job.text.text,
-                finish,
-                _usage(job, out),
-                out.output_ids if job.token_ids else None,
-            )
-        )
-
-    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
-        self._check_model(body.model)
-        tokenizer = self._tokenizer("chat")
-        messages = [m.as_template_input() for m in body.messages]
-        try:
-            prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-        except Exception as exc:  # noqa: BLE001 - jinja raises its own errors
-            raise ApiError(
-                400, f"cannot render the chat template: {exc}", param="messages"
-            ) from None
-        job = self._start(
-            body,
-            prompt_ids,
-            prompt_param="messages",
-            max_tokens=body.requested_max_tokens,
-            default_max_tokens=DEFAULT_CHAT_MAX_TOKENS,
-        )
-        if body.stream:
-            return _sse_response(self._chat_events(job, request))
-        out, finish = await self._collect(job, request)
-        return JSONResponse(
-            chat_response(
-                job.rid,
-                self.model_name,
-                job.text.text,
-                finish,
-                _usage(job, out),
-                out.output_ids if job.token_ids else None,
-            )
-        )
-
-    # ---------------------------------------------------------- the request
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise ApiError(
-                404,
-                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
-
-    def _tokenizer(self, what: str) -> Any:
-        if self.tokenizer is None:
-            raise ApiError(400, f"this server has no tokenizer, so {what} cannot be served")
-        return self.tokenizer
-
-    def _start(
+    async def generate(
         self,
-        body: CompletionRequest | ChatCompletionRequest,
-        prompt_ids: Sequence[int],
+        prompt_ids: list[int],
+        params: SamplingParams,
+        namespace: Hashable,
         *,
-        prompt_param: str,
-        max_tokens: int | None,
-        default_max_tokens: int,
-    ) -> _Job:
-        """Check the request against the model and the pool, then queue it (400s first)."""
-        engine = self.engine
-        vocab = engine.vocab_size
-        top = max(prompt_ids)
-        if top >= vocab:
-            raise ApiError(
-                400,
-                f"{prompt_param} holds token id {top}, outside the vocabulary (size {vocab})",
-                param=prompt_param,
-            )
-        room = engine.max_new_tokens(len(prompt_ids))
-        if room == 0:
-            raise ApiError(
-                400,
-                f"the prompt is {len(prompt_ids)} tokens; the KV pool holds at most "
-                f"{self.max_model_len} tokens",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-        if max_tokens is None:
-            max_tokens = min(default_max_tokens, room)
-        elif max_tokens > room:
-            raise ApiError(
-                400,
-                f"max_tokens is {max_tokens} but a prompt of {len(prompt_ids)} tokens leaves "
-                f"room for {room} in the KV pool",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        stop_ids = body.stop_ids()
-        for param, ids in (("stop", body.stop_ids(only="stop")), ("stop_token_ids", stop_ids)):
-            bad = [t for t in ids if t >= vocab]
-            if bad:
-                raise ApiError(
-                    400,
-                    f"{param} holds token ids {bad}, outside the vocabulary (size {vocab})",
-                    param=param,
-                )
-        if not body.ignore_eos and self.tokenizer is not None:
-            stop_ids += [t for t in self.tokenizer.stop_token_ids if t not in stop_ids]
+        cap_to_pool: bool = False,
+    ) -> _EngineCall:
+        if cap_to_pool:
+            room = self.engine.max_new_tokens(len(prompt_ids))
+            if 0 < room < params.max_new_tokens:
+                params = dataclasses.replace(params, max_new_tokens=room)
         try:
-            params = SamplingParams(
-                max_new_tokens=max_tokens,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                seed=body.seed,
-                stop_token_ids=tuple(stop_ids),
-            )
-            stream = engine.generate(prompt_ids, params, namespace_of(body.cache_salt, body.user))
+            stream = self.engine.generate(prompt_ids, params, namespace)
         except (TypeError, ValueError) as exc:
             raise ApiError(400, str(exc)) from None
-        decode: Callable[[Sequence[int]], str] = (
-            self.tokenizer.decode if self.tokenizer is not None else lambda ids: ""
-        )
-        prefix = "chatcmpl" if isinstance(body, ChatCompletionRequest) else "cmpl"
-        return _Job(
-            rid=new_id(prefix),
-            stream=stream,
-            text=TextStream(decode, body.stop_strings(), stop_ids),
-            prompt_len=len(prompt_ids),
-            token_ids=body.return_token_ids,
-            include_usage=body.include_usage,
-        )
-
-    async def _collect(self, job: _Job, request: Request) -> tuple[RequestOutput, str | None]:
-        """Run ``job`` to its end; the last output and the finish reason (500 on an error)."""
-        watcher = asyncio.create_task(self._abort_on_disconnect(job, request))
-        try:
-            last: RequestOutput | None = None
-            async for out in job.stream:
-                last = out
-                job.text.push(out.output_ids, out.finished)
-                if job.text.stopped:
-                    return out, "stop"
-            assert last is not None
-            if last.finish_reason == "error":
-                raise ApiError(500, last.error or "the engine failed", type_="internal_error")
-            return last, last.finish_reason
-        finally:
-            watcher.cancel()
-            await job.stream.aclose()
-
-    async def _abort_on_disconnect(self, job: _Job, request: Request) -> None:
-        """Abort ``job``'s request when its client disconnects."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                await self.engine.abort(job.stream.request_id)
-                return
-
-    async def _events(
-        self, job: _Job, request: Request
-    ) -> AsyncIterator[tuple[RequestOutput, str, str | None]]:
-        """``(output, new text, finish reason or None)`` until the request ends."""
-        watcher = asyncio.create_task(self._abort_on_disconnect(job, request))
-        try:
-            async for out in job.stream:
-                delta = job.text.push(out.output_ids, out.finished)
-                if job.text.stopped:
-                    yield out, delta, "stop"
-                    return
-                if out.finish_reason == "error":
-                    raise ApiError(500, out.error or "the engine failed", type_="internal_error")
-                yield out, delta, out.finish_reason
-        finally:
-            watcher.cancel()
-            await job.stream.aclose()
-
-    async def _completion_events(self, job: _Job, request: Request) -> AsyncIterator[str]:
-        out = None
-        try:
-            async for out, delta, finish in self._events(job, request):
-                ids = out.new_token_ids if job.token_ids else None
-                if delta or finish is not None or ids:
-                    yield _sse(completion_chunk(job.rid, self.model_name, delta, finish, ids))
-            if job.include_usage and out is not None:
-                usage_ = _usage(job, out)
-                yield _sse(usage_chunk(job.rid, "text_completion", self.model_name, usage_))
-        except Exception as exc:  # noqa: BLE001 - headers are sent: report it in the stream
-            yield _sse(_as_api_error(exc).body)
-        yield "data: [DONE]\n\n"
-
-    async def _chat_events(self, job: _Job, request: Request) -> AsyncIterator[str]:
-        out = None
-        yield _sse(chat_chunk(job.rid, self.model_name, {"role": "assistant", "content": ""}))
-        try:
-            async for out, delta, finish in self._events(job, request):
-                ids = out.new_token_ids if job.token_ids else None
-                if delta or ids:
-                    chunk = chat_chunk(job.rid, self.model_name, {"content": delta}, None, ids)
-                    yield _sse(chunk)
-                if finish is not None:
-                    yield _sse(chat_chunk(job.rid, self.model_name, {}, finish))
-            if job.include_usage and out is not None:
-                usage_ = _usage(job, out)
-                yield _sse(usage_chunk(job.rid, "chat.completion.chunk", self.model_name, usage_))
-        except Exception as exc:  # noqa: BLE001 - headers are sent: report it in the stream
-            yield _sse(_as_api_error(exc).body)
-        yield "data: [DONE]\n\n"
+        return _EngineCall(self.engine, stream)
 
 
-def _usage(job: _Job, out: RequestOutput) -> dict[str, Any]:
-    return usage(job.prompt_len, len(out.output_ids), out.cached_tokens)
+class _EngineCall:
+    """One queued request: its stream, and the engine to abort it on."""
 
+    def __init__(self, engine: AsyncEngine, stream: RequestStream) -> None:
+        self.engine = engine
+        self.stream = stream
 
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self.stream
 
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
-def _sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-
-
-def _as_api_error(exc: Exception) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    return ApiError(500, f"{type(exc).__name__}: {exc}", type_="internal_error")
-
-
-def _error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body, status_code=exc.status)
-
-
-def _validation_error(exc: RequestValidationError) -> ApiError:
-    """The first of pydantic's complaints as a 400 naming the field (``param``)."""
-    errors = exc.errors()
-    if not errors:
-        return ApiError(400, "invalid request")
-    first = max(errors, key=lambda e: len(e.get("loc", ())))  # the most specific complaint
-    if first.get("type") == "json_invalid":
-        detail = first.get("ctx", {}).get("error", "")
-        return ApiError(400, f"the body is not valid JSON: {detail}".rstrip(": "))
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    # a union's member type ("str", "list[int]") is not a field name
-    path = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int")]
-    message = str(first.get("msg", "invalid value"))
-    where = ".".join(path)
-    if "input" in first and path:
-        message = f"{message}, got {json.dumps(first['input'], default=repr)[:200]}"
-    if not where:
-        if first.get("type") == "missing":
-            return ApiError(400, "the request body is missing: send a JSON object")
-        got = json.dumps(first.get("input"), default=repr)[:100]
-        return ApiError(400, f"the request body must be a JSON object, got {got}")
-    return ApiError(400, f"{where}: {message}", param=path[0])
+    async def abort(self) -> None:
+        await self.engine.abort(self.stream.request_id)
