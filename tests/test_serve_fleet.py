@@ -660,6 +660,28 @@ def cache_states(app: str) -> dict[str, dict[str, Any]]:
     return {s["replica_id"]: s for s in handle.broadcast("cache_state").results(timeout_s=30)}
 
 
+def test_fleet_metrics_label_each_replica_and_add_up_to_the_work_done(fleet: str, answers) -> None:
+    """GET /metrics on the ingress: every metric once per replica (label ``replica``), and the
+    finished-request counters over the replicas equal what /replicas reports."""
+    text = requests.get(f"{fleet}/exact/metrics", timeout=30).text
+    stats = requests.get(f"{fleet}/exact/replicas", timeout=30).json()
+    finished: dict[str, float] = {}
+    hits = 0.0
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name, labels = name_labels.split("{", 1)
+        replica = labels.split('replica="', 1)[1].split('"', 1)[0]
+        if name == "radixkv:request_finished_total":
+            finished[replica] = float(value)
+        elif name == "radixkv:prefix_cache_hits_total":
+            hits += float(value)
+    assert set(finished) == set(stats) and len(finished) == 2
+    assert finished == {r: float(s["requests_finished"]) for r, s in stats.items()}
+    assert sum(finished.values()) >= len(answers["exact"]) and hits > 0
+
+
 def test_the_router_s_index_equals_each_replica_s_cache(fleet: str, answers) -> None:
     def same() -> tuple | None:
         caches = cache_states("exact")

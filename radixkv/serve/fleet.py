@@ -179,14 +179,11 @@ class EngineReplica:
         }
 
     async def stats(self) -> dict[str, Any]:
-        """This replica's id and its engine's counters since it started."""
+        """This replica's id and its engine's metrics (every ``EngineMetrics`` field)."""
         m = self.engine.metrics()
         return {
             "replica_id": serve.get_replica_context().replica_id.unique_id,
-            "requests_finished": m.requests_finished,
-            "prompt_tokens": m.prompt_tokens,
-            "prefix_cache_queries": m.prefix_cache_queries,
-            "prefix_cache_hits": m.prefix_cache_hits,
+            **dataclasses.asdict(m),
         }
 
     def check_health(self) -> None:

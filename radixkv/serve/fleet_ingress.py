@@ -32,9 +32,10 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from radixkv.engine.request import SamplingParams
 from radixkv.serve import router_registry
-from radixkv.serve.async_engine import RequestOutput
+from radixkv.serve.async_engine import EngineMetrics, RequestOutput
 from radixkv.serve.errors import ApiError, as_api_error, install_error_handlers
 from radixkv.serve.handlers import OpenAIHandlers
+from radixkv.serve.metrics import CONTENT_TYPE, render_fleet_metrics
 from radixkv.serve.models import ByteTokenizer, ChatTokenizer, Tokenizer, load_hf_tokenizer
 from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -184,6 +185,16 @@ class FleetIngress:
         a benchmark reads before and after a run for requests served per replica."""
         response = self.engine.broadcast("stats")
         return {s["replica_id"]: s for s in await response.results_async(timeout_s=30)}
+
+    @api.get("/metrics")
+    async def metrics(self) -> Response:
+        """Prometheus text: every replica's engine metrics, labelled ``replica``."""
+        response = self.engine.broadcast("stats")
+        per = {}
+        for stats in await response.results_async(timeout_s=30):
+            rid = stats.pop("replica_id")
+            per[rid] = EngineMetrics(**stats)
+        return Response(render_fleet_metrics(per, self.model_name), media_type=CONTENT_TYPE)
 
     @api.get("/router")
     async def routing_snapshot(self) -> dict[str, Any]:

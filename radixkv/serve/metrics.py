@@ -23,9 +23,11 @@ name                                   type       meaning
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from radixkv.serve.async_engine import EngineMetrics
 
-__all__ = ["CONTENT_TYPE", "METRICS", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "METRICS", "render_fleet_metrics", "render_metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -79,13 +81,27 @@ def render_metrics(metrics: EngineMetrics, model_name: str) -> str:
 
     Complexity: O(number of metrics).
     """
-    label = f'{{model_name="{_label(model_name)}"}}'
+    return _render({None: metrics}, model_name)
+
+
+def render_fleet_metrics(replicas: Mapping[str, EngineMetrics], model_name: str) -> str:
+    """The exposition text of a fleet: one sample per replica of every metric, labelled
+    ``model_name`` and ``replica`` (sum over ``replica`` for the fleet's totals).
+
+    Complexity: O(number of metrics x replicas).
+    """
+    return _render(replicas, model_name)
+
+
+def _render(samples: Mapping[str | None, EngineMetrics], model_name: str) -> str:
+    model = f'model_name="{_label(model_name)}"'
+    labels = {
+        key: f"{{{model}}}" if key is None else f'{{{model},replica="{_label(key)}"}}'
+        for key in samples
+    }
     lines: list[str] = []
     for name, kind, field, help_ in METRICS:
-        value = getattr(metrics, field)
-        lines += [
-            f"# HELP {name} {help_}",
-            f"# TYPE {name} {kind}",
-            f"{name}{label} {float(value)!r}",
-        ]
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+        for key, metrics in samples.items():
+            lines.append(f"{name}{labels[key]} {float(getattr(metrics, field))!r}")
     return "\n".join(lines) + "\n"
