@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import save_rows  # noqa: E402
 
-from radixkv.serve.loadgen import ChatWorkload, LoadResult, run_chat_workload  # noqa: E402
+from radixkv.serve.loadgen import ChatTraffic, LoadResult, run_chat_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "serving.md"
@@ -72,7 +72,7 @@ def replica_counts(port: int) -> dict[str, int]:
 
 
 def run_setup(
-    args: argparse.Namespace, router: str | None, workload: ChatWorkload
+    args: argparse.Namespace, router: str | None, workload: ChatTraffic
 ) -> tuple[LoadResult, float, dict[str, int]]:
     """Start a server (one engine if ``router`` is None), play the workload, stop it."""
     port = free_port()
@@ -88,7 +88,7 @@ def run_setup(
         # One warm-up chat outside the measured workload (first-call compilation, imports).
         run_chat_workload(
             f"http://127.0.0.1:{port}",
-            ChatWorkload(conversations=1, turns=1, seed=workload.seed + 1),
+            ChatTraffic(conversations=1, turns=1, seed=workload.seed + 1),
             concurrency=1,
         )
         before = replica_counts(port)
@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write the rows as CSV here")
     ap.add_argument("--docs", action="store_true", help="rewrite the table in docs/serving.md")
     args = ap.parse_args()
-    workload = ChatWorkload(
+    workload = ChatTraffic(
         conversations=args.conversations, turns=args.turns, groups=args.groups, seed=0
     )
     setups: list[tuple[str, str | None]] = [] if args.no_single else [("1 engine", None)]

@@ -14,23 +14,16 @@ import threading
 
 import numpy as np
 import pytest
+from serve_helpers import TINY_CONFIG
 
 from radixkv.cache.events import BlockStored, ChainHasher
 from radixkv.cache.radix import RadixCache
 from radixkv.engine import Engine, EngineConfig, SamplingParams
-from radixkv.model import ModelConfig, random_model
+from radixkv.model import random_model
 from radixkv.serve.async_engine import AsyncEngine, EngineMetrics, RequestOutput
 from radixkv.serve.models import ByteTokenizer
 
-CFG = ModelConfig(
-    vocab_size=ByteTokenizer.vocab_size,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-)
+CFG = TINY_CONFIG
 BLOCK_SIZE = 4
 NUM_BLOCKS = 256
 TIMEOUT = 20.0  # seconds: a bound on every wait, never reached when things work

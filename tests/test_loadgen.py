@@ -6,22 +6,22 @@ import math
 
 import pytest
 
-from radixkv.serve.loadgen import ChatWorkload, LoadResult, RequestRecord, run_chat_workload
+from radixkv.serve.loadgen import ChatTraffic, LoadResult, RequestRecord, run_chat_workload
 
 
 def test_workload_is_deterministic_and_groups_share_system_prompts() -> None:
-    w = ChatWorkload(conversations=6, groups=3, seed=5)
-    assert w.system_prompt(1) == ChatWorkload(seed=5).system_prompt(1)
+    w = ChatTraffic(conversations=6, groups=3, seed=5)
+    assert w.system_prompt(1) == ChatTraffic(seed=5).system_prompt(1)
     assert w.system_prompt(0) != w.system_prompt(1)
     assert w.question(2, 0) != w.question(2, 1)
-    assert ChatWorkload(seed=6).system_prompt(1) != w.system_prompt(1)
+    assert ChatTraffic(seed=6).system_prompt(1) != w.system_prompt(1)
 
 
 @pytest.mark.parametrize("field", ["conversations", "turns", "groups", "max_tokens"])
 @pytest.mark.parametrize("value", [0, -1, True, 1.5])
 def test_workload_rejects_bad_fields_by_name(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
-        ChatWorkload(**{field: value})
+        ChatTraffic(**{field: value})
 
 
 def rec(replica: str | None, prompt: int, cached: int, ttft: float, error: str | None = None):
@@ -60,4 +60,4 @@ def test_empty_result_is_nan_not_an_error() -> None:
 )
 def test_bad_arguments_are_named(url: str, kwargs: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
-        run_chat_workload(url, ChatWorkload(), **kwargs)
+        run_chat_workload(url, ChatTraffic(), **kwargs)

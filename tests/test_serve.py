@@ -28,9 +28,11 @@ import pytest
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
+from serve_helpers import TINY_CONFIG  # noqa: E402
+
 from radixkv.cli import main as cli_main  # noqa: E402
 from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from radixkv.model import ModelConfig, random_model  # noqa: E402
+from radixkv.model import random_model  # noqa: E402
 from radixkv.model.tokenizer import smollm2_gguf_path  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
@@ -45,15 +47,7 @@ from radixkv.serve.models import (  # noqa: E402
 from radixkv.serve.protocol import namespace_of  # noqa: E402
 from radixkv.serve.text import TextStream  # noqa: E402
 
-CFG = ModelConfig(
-    vocab_size=ByteTokenizer.vocab_size,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-)
+CFG = TINY_CONFIG
 BLOCK_SIZE = 4
 NUM_BLOCKS = 1024  # 4096 tokens
 MODEL = "tiny-random"

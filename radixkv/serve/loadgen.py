@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-__all__ = ["ChatWorkload", "LoadResult", "RequestRecord", "run_chat_workload", "served_model"]
+__all__ = ["ChatTraffic", "LoadResult", "RequestRecord", "run_chat_workload", "served_model"]
 
 _WORDS = (
     "cache prefix token block radix tree replica router request batch prompt model layer "
@@ -39,7 +39,7 @@ _WORDS = (
 
 
 @dataclass(frozen=True)
-class ChatWorkload:
+class ChatTraffic:
     """The shape of the traffic: ``conversations`` chats of ``turns`` turns in ``groups``
     groups (one system prompt of ``system_words`` words each), ``question_words`` words
     per question, ``max_tokens`` per reply, greedy; deterministic given ``seed``."""
@@ -205,7 +205,7 @@ def _chat_once(
 
 
 def _conversation(
-    url: str, model: str, workload: ChatWorkload, index: int, timeout: float
+    url: str, model: str, workload: ChatTraffic, index: int, timeout: float
 ) -> list[RequestRecord]:
     messages = [{"role": "system", "content": workload.system_prompt(index % workload.groups)}]
     out = []
@@ -237,7 +237,7 @@ def _conversation(
 
 def run_chat_workload(
     url: str,
-    workload: ChatWorkload,
+    workload: ChatTraffic,
     *,
     concurrency: int = 8,
     model: str | None = None,
