@@ -54,6 +54,7 @@ __all__ = [
 ]
 
 MEDIUM = "GPU"  # vLLM's name for the device tier, whatever the device
+HOST_MEDIUM = "CPU"  # vLLM's name for the host tier (CPU offloading)
 SPEC_KIND = "full_attention"
 
 
@@ -234,11 +235,13 @@ class EventLog:
         parent: Digest | None,
         tokens: Sequence[int] | np.ndarray,
         first_extra: tuple[Any, ...] | None,
+        medium: str = MEDIUM,
     ) -> None:
         """Record that the blocks ``digests`` (holding ``tokens``) entered the cache.
 
         ``parent`` is the digest of the block before them, None at the root;
-        ``first_extra`` the namespace's keys when the first block is at the root.
+        ``first_extra`` the namespace's keys when the first block is at the root;
+        ``medium`` the tier they entered (``"GPU"``, or ``"CPU"`` for a host copy).
         """
         wire = self.hasher.wire
         extra: list[tuple[Any, ...] | None] | None = None
@@ -251,7 +254,7 @@ class EventLog:
                 token_ids=np.asarray(tokens).tolist(),
                 block_size=self.block_size,
                 lora_id=None,
-                medium=MEDIUM,
+                medium=medium,
                 lora_name=None,
                 extra_keys=extra,
                 group_idx=0,
@@ -259,12 +262,13 @@ class EventLog:
             )
         )
 
-    def removed(self, digests: Sequence[Digest]) -> None:
-        """Record that the blocks ``digests`` left the cache (one event per block, as vLLM)."""
+    def removed(self, digests: Sequence[Digest], medium: str = MEDIUM) -> None:
+        """Record that the blocks ``digests`` left the tier ``medium`` (one event per block,
+        as vLLM)."""
         wire = self.hasher.wire
         append = self._pending.append
         for d in digests:
-            append(BlockRemoved(block_hashes=[wire(d)], medium=MEDIUM, group_idx=0))
+            append(BlockRemoved(block_hashes=[wire(d)], medium=medium, group_idx=0))
 
     def cleared(self) -> None:
         """Record a reset; pending events before it still describe what happened first."""

@@ -41,9 +41,8 @@ split, evict and reset paths.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator
 from dataclasses import replace
-from types import MappingProxyType
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -51,101 +50,31 @@ from sortedcontainers import SortedList
 from radixkv.cache import kernels
 from radixkv.cache.allocator import BlockAllocator, invariant
 from radixkv.cache.arrays import (
-    TOKEN_DTYPE,
     BlockSeq,
     TokenSeq,
     as_block_array,
     as_token_array,
     common_prefix_len,
 )
-from radixkv.cache.events import ChainHasher, EventLog, KVCacheEvent, namespace_extra_keys
+from radixkv.cache.events import (
+    HOST_MEDIUM,
+    ChainHasher,
+    EventLog,
+    KVCacheEvent,
+    namespace_extra_keys,
+)
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
+from radixkv.cache.host import HostTier
+from radixkv.cache.node import EMPTY_BLOCKS as _EMPTY_BLOCKS
+from radixkv.cache.node import ID_BYTES as _ID_BYTES
+from radixkv.cache.node import NO_CHILDREN as _NO_CHILDREN
+from radixkv.cache.node import TOKEN_BYTES as _TOKEN_BYTES
+from radixkv.cache.node import Node as _Node
+from radixkv.cache.node import Root as _Root
 from radixkv.cache.protocol import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = ["CacheStats", "MatchResult", "RadixCache"]
-
-_TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
-_ID_BYTES = 4  # a block id in a node's ``blocks``: int32
-_EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
-# A leaf's children: one shared read-only empty mapping instead of an empty dict per leaf
-# (64 bytes each, half the tree's nodes); a node gets a dict of its own with its first child.
-_NO_CHILDREN: Mapping[bytes, _Node] = MappingProxyType({})
-
-
-class _Node:
-    """A run of tokens and its blocks. ``entry`` is its key in the leaf index, None when absent.
-
-    ``digests`` is None with events off; with events on, the blocks' chained
-    event digests concatenated (``digest_size`` bytes per block, in order).
-    What an eviction order may read (``radixkv.cache.eviction.LeafView``):
-    ``last_access`` (logical clock of the last match or insert through it),
-    ``depth_end``, ``hits`` (matches through it), ``created`` (clock at its
-    insert; a split's head keeps it), ``priority`` (the highest an insert
-    through it gave) and ``num_blocks``.
-    """
-
-    __slots__ = (
-        "key",
-        "blocks",
-        "children",
-        "parent",
-        "depth_end",
-        "last_access",
-        "entry",
-        "digests",
-        "hits",
-        "created",
-        "priority",
-        "pinned",
-    )
-
-    def __init__(
-        self,
-        key: bytes,
-        blocks: bytes,
-        parent: _Node | None,
-        depth_end: int,
-        last_access: int,
-        digests: bytes | None = None,
-        priority: int = 0,
-    ) -> None:
-        self.key = key  # the node's tokens: int32 bytes, block-aligned
-        # int32 block ids as bytes, one per block_size tokens: a bytes header is ~80 bytes
-        # smaller than an ndarray's, and match joins them in one copy (_ids views one).
-        self.blocks = blocks
-        self.children: Mapping[bytes, _Node] = _NO_CHILDREN  # a dict once it has a child
-        self.parent = parent
-        self.depth_end = depth_end  # tokens from the root to the end of this node
-        self.last_access = last_access
-        self.entry: tuple | None = None
-        self.digests = digests
-        self.hits = 0
-        self.created = last_access
-        self.priority = priority
-        self.pinned = 0  # pins covering this node (RadixCache.pin): never evicted while > 0
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks) // _ID_BYTES
-
-    def block_ids(self) -> np.ndarray:
-        """The node's blocks as a read-only int32 array (a view, no copy)."""
-        return np.frombuffer(self.blocks, dtype=np.int32)
-
-    def tokens(self) -> np.ndarray:
-        return np.frombuffer(self.key, dtype=TOKEN_DTYPE)
-
-
-class _Root(_Node):
-    """A namespace's root: no tokens, no blocks; knows its namespace so evict can drop it."""
-
-    __slots__ = ("namespace", "ns_key")
-
-    def __init__(self, namespace: Hashable, ns_key: Hashable, last_access: int) -> None:
-        super().__init__(b"", b"", None, 0, last_access)
-        self.namespace = namespace  # as the caller gave it (for pretty)
-        self.ns_key = ns_key  # its key in _roots
 
 
 class RadixCache:
@@ -185,6 +114,7 @@ class RadixCache:
         *,
         events: ChainHasher | None = None,
         max_pinned_blocks: int | None = None,
+        host: HostTier | None = None,
     ) -> None:
         if not isinstance(allocator, BlockAllocator):
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
@@ -201,6 +131,16 @@ class RadixCache:
             )
         if events is not None and not isinstance(events, ChainHasher):
             raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
+        if host is not None:
+            if not isinstance(host, HostTier):
+                raise TypeError(f"host must be a HostTier or None, got {type(host).__name__}")
+            if host.allocator is allocator:
+                raise ValueError("host.allocator must be a pool of its own, not the device's")
+            if host.allocator.block_size != allocator.block_size:
+                raise ValueError(
+                    f"host.allocator.block_size must equal the device pool's "
+                    f"{allocator.block_size}, got {host.allocator.block_size}"
+                )
         self._alloc = allocator
         self._order = make_eviction_order(eviction)
         check_key(self._order, self._order.key(_Node(b"", b"", None, 0, 0)))
@@ -223,6 +163,17 @@ class RadixCache:
         # (namespace key, the full-block bytes pin() was given) -> pinned prefix lengths in
         # bytes, one per pin() not yet undone
         self._pins: dict[tuple[Hashable, bytes], list[int]] = {}
+        self._host = host
+        if host is not None:
+            self._host_alloc = host.allocator
+            self._copier = host.copier
+            self._host_order = make_eviction_order(host.eviction)
+            self._host_held = np.zeros(host.allocator.num_blocks, dtype=np.bool_)
+            self._host_leaves = SortedList()  # host eviction candidates (see _evict_host)
+            self._write_through = host.write_policy == "write_through"
+            self._write_through_hits = host.write_through_hits
+            self._loading: set[_Node] = set()  # nodes a load is bringing in: never deleted
+            host.allocator._claim(self, self._host_held)
         allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
@@ -233,6 +184,16 @@ class RadixCache:
     @property
     def block_size(self) -> int:
         return self._bs
+
+    @property
+    def host(self) -> HostTier | None:
+        """The host tier (``radixkv.cache.host``), None without one."""
+        return self._host
+
+    @property
+    def host_cached_blocks(self) -> int:
+        """Host blocks holding a copy of some node (0 without a host tier). Complexity: O(1)."""
+        return 0 if self._host is None else self._host.used_blocks
 
     @property
     def eviction(self) -> str:
@@ -287,9 +248,11 @@ class RadixCache:
                 if node.pinned:
                     good = False  # evict skips it, so nothing above it goes either
                 elif node is not root and good:
-                    # Blocks after the last held one can go (evict splits them off).
-                    busy = last_busy(rc, node.block_ids())
-                    total += node.num_blocks - (busy + 1)
+                    # Blocks after the last held one can go (evict splits them off); a
+                    # host-only node has none (ids is empty) and never holds its parent back.
+                    ids = node.block_ids()
+                    busy = last_busy(rc, ids)
+                    total += len(ids) - (busy + 1)
                     good = busy < 0
                 ok[id(node)] = good
         return total
@@ -307,7 +270,9 @@ class RadixCache:
     @property
     def stats(self) -> CacheStats:
         """A snapshot of the counters (and ``pinned_blocks``, the blocks pins hold now)."""
-        return replace(self._stats, pinned_blocks=self._num_pinned)
+        return replace(
+            self._stats, pinned_blocks=self._num_pinned, host_blocks=self.host_cached_blocks
+        )
 
     # ------------------------------------------------------------------ match
     def match(
@@ -328,6 +293,8 @@ class RadixCache:
         build the result.
         """
         arr = as_token_array(tokens)
+        if self._host is not None:
+            return self._match_tiers(arr, namespace, stats)
         node = self._root_of(namespace)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
@@ -384,7 +351,7 @@ class RadixCache:
         down, counted by a compiled loop).
         """
         arr = as_token_array(tokens)
-        _, pos, _, _ = self._walk(self._root_of(namespace), arr)
+        _, pos, _, _ = self._device_part(*self._walk(self._root_of(namespace), arr))
         return pos // _TOKEN_BYTES
 
     # ----------------------------------------------------------------- insert
@@ -439,6 +406,12 @@ class RadixCache:
         path, pos, split_child, split_at = self._walk(root, arr)
         node = path[-1] if path else root
         num_cached = pos // bb
+        hosted = None  # host-only nodes on the path: they adopt the caller's blocks
+        if self._host is not None:
+            dev_path, dev_pos, _, _ = self._device_part(path, pos, split_child, split_at)
+            if dev_pos != pos:
+                hosted = path[len(dev_path) :]
+                num_cached = dev_pos // bb
         new = blk[num_cached:n_blocks]
         # Validates all of blk, and marks the adopted blocks held (undone if it fails).
         reason, i = kernels.claim_for_insert(self._rc, self._held, blk, num_cached, n_blocks)
@@ -468,23 +441,37 @@ class RadixCache:
             if priority > n.priority:
                 n.priority = priority
         if new.size:
+            rest = new
             if split_child is not None:
                 node = self._split(split_child, split_at)
                 node.last_access = clock
                 if priority > node.priority:
                     node.priority = priority
-            added = arr[pos // _TOKEN_BYTES : n_blocks * bs]
-            data = added.tobytes()
-            digests = None if self._events is None else self._stored(node, added)
-            leaf = _Node(
-                data, new.tobytes(), node, node.depth_end + len(new) * bs, clock, digests, priority
-            )
-            if node.entry is not None:
-                self._forget_entry(node)
-            if node.children is _NO_CHILDREN:
-                node.children = {}
-            node.children[data[:bb]] = leaf
-            self._index(leaf)
+                if hosted is not None:
+                    hosted.append(node)  # the split's head is host-only too
+            if hosted is not None:
+                rest = self._promote(hosted, new)
+            if rest.size:
+                added = arr[pos // _TOKEN_BYTES : n_blocks * bs]
+                data = added.tobytes()
+                digests = None if self._events is None else self._stored(node, added)
+                leaf = _Node(
+                    data,
+                    rest.tobytes(),
+                    node,
+                    node.depth_end + len(rest) * bs,
+                    clock,
+                    digests,
+                    priority,
+                )
+                if node.entry is not None:
+                    self._forget_entry(node)
+                if node.children is _NO_CHILDREN:
+                    node.children = {}
+                node.children[data[:bb]] = leaf
+                self._index(leaf)
+                if self._host is not None and self._write_through and not self._write_through_hits:
+                    self._backup(leaf)
             self._alloc.incref_distinct(new)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
@@ -517,9 +504,10 @@ class RadixCache:
         arr = as_token_array(tokens)
         ns_key = namespace_key(namespace)
         root = self._roots.get(ns_key)
-        path, pos, split_child, split_at = self._walk(root, arr)
+        # Only the device prefix can be pinned: a host-only node is already evicted.
+        path, pos, split_child, split_at = self._device_part(*self._walk(root, arr))
         if split_child is not None:
-            path.append(split_child)  # only its first split_at blocks will be pinned
+            path = [*path, split_child]  # only its first split_at blocks will be pinned
         added = sum(n.num_blocks for n in path if not n.pinned)
         if split_child is not None and not split_child.pinned:
             added -= split_child.num_blocks - split_at
@@ -623,6 +611,9 @@ class RadixCache:
                     # re-insert): split it off; the node object stays the free tail.
                     self._split(node, keep)
                     ids = node.block_ids()
+                if self._host is not None:
+                    freed += self._evict_to_host(node, ids)
+                    continue
                 node.entry = None
                 parent = node.parent
                 del parent.children[node.key[:bb]]  # a parent's children are a dict
@@ -652,6 +643,9 @@ class RadixCache:
         Complexity: O(cached blocks).
         """
         release_held(self._alloc, self._held)
+        if self._host is not None:
+            release_held(self._host_alloc, self._host_held)
+            self._host_leaves.clear()
         if self._events is not None:
             self._events.cleared()
         self._roots.clear()
@@ -660,6 +654,341 @@ class RadixCache:
         self._num_cached = 0
         self._pins.clear()
         self._num_pinned = 0
+
+    # ------------------------------------------------------------- host tier
+    def load(
+        self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
+    ) -> MatchResult:
+        """``match``, then bring the host-resident part of the prefix back to the device.
+
+        Without a host tier, or when nothing of the prefix is on the host alone,
+        this is ``match``. Otherwise the host-only nodes past the device prefix
+        are loaded top-down, node by node and all-or-nothing per node (a prefix
+        ending inside a node splits it first): device blocks are allocated,
+        evicting first when the pool is short (the loading nodes cannot be
+        deleted meanwhile, and the matched prefix is held by the caller so it
+        cannot be evicted), the host blocks are copied in (``HostTier.copier``),
+        and the node becomes device-resident again with its host copy kept. The
+        load stops at the first node the pool cannot take. The caller gets one
+        reference on every returned block, as from ``match``; ``host_num_tokens``
+        is what is still on the host alone. Counts ``loaded_blocks``; with events
+        on, records a ``BlockStored`` (medium ``"GPU"``) per loaded node.
+
+        Raises as ``match``, before any change. Complexity: ``match``, plus a
+        second walk, plus the eviction and the copy of the loaded blocks.
+        """
+        m = self.match(tokens, namespace, stats=stats)
+        if not m.host_num_tokens:
+            return m
+        arr = as_token_array(tokens)
+        path, _, split_child, split_at = self._walk(self._root_of(namespace), arr)
+        nodes = [n for n in path if not n.blocks]
+        if split_child is not None and not split_child.blocks:
+            nodes.append(self._split(split_child, split_at))
+        alloc = self._alloc
+        parts = [m.block_array]
+        loaded = 0
+        self._loading.update(nodes)
+        try:
+            need = sum(n.num_blocks for n in nodes)
+            if alloc.num_free < need:
+                self.evict(need - alloc.num_free)
+            for node in nodes:
+                k = node.num_blocks
+                if alloc.num_free < k:
+                    break
+                ids = alloc.alloc_array(k)  # the tree's reference
+                self._copier.load(node.host_ids(), ids)
+                kernels.set_flags(self._held, ids, True)
+                self._num_cached += k
+                self._attach(node, ids)
+                alloc.incref_distinct(ids)  # the caller's: the next eviction cannot take it
+                parts.append(ids)
+                loaded += k
+        finally:
+            self._loading.difference_update(nodes)
+        self._stats.loaded_blocks += loaded
+        moved = loaded * self._bs
+        blocks = np.concatenate(parts) if loaded else m.block_array
+        return MatchResult(blocks, m.num_tokens + moved, m.host_num_tokens - moved)
+
+    def evict_host(self, num_blocks: int) -> int:
+        """Free at least ``num_blocks`` host blocks if that many can go, else all it can.
+
+        Candidates, in the host tier's own order: host-only leaves (deleted
+        from the tree) and host mirrors of device-resident nodes (the copy goes,
+        the node stays). Returns the host blocks freed; 0 without a host tier.
+        ``ValueError``/``TypeError`` for a bad ``num_blocks``, before any change.
+        Complexity: O((freed + skipped candidates) * log candidates).
+        """
+        check_num_blocks(num_blocks)
+        return 0 if self._host is None else self._evict_host(num_blocks)
+
+    def _match_tiers(self, arr: np.ndarray, namespace: Hashable, stats: bool) -> MatchResult:
+        """``match`` with a host tier: the device prefix, and the host-only tokens past it.
+
+        Touches (and counts a hit on) every matched node of both tiers; with
+        ``write_through``, backs up each device node of the prefix whose hits
+        reach the threshold.
+        """
+        root = self._root_of(namespace)
+        self._clock += 1
+        clock = self._clock
+        counters = self._stats
+        if stats:
+            counters.num_matches += 1
+            counters.query_tokens += len(arr)
+        path, pos, split_child, split_at = self._walk(root, arr)
+        dev_path, dev_pos, dev_split, dev_split_at = self._device_part(
+            path, pos, split_child, split_at
+        )
+        touched = path
+        if dev_split is not None:
+            head = self._split(dev_split, dev_split_at)
+            dev_path = [*dev_path, head]
+            touched = dev_path
+        for node in touched:
+            node.last_access = clock
+            node.hits += 1
+        if self._write_through:
+            need = self._write_through_hits
+            for node in dev_path:
+                if node.host is None and node.hits >= need:
+                    self._backup(node)
+        num_tokens = dev_pos // _TOKEN_BYTES
+        host_tokens = (pos - dev_pos) // _TOKEN_BYTES
+        if stats:
+            counters.hit_tokens += num_tokens
+            counters.host_hit_tokens += host_tokens
+        if not dev_path:
+            return MatchResult(_EMPTY_BLOCKS, 0, host_tokens)
+        blocks = np.frombuffer(bytearray().join(n.blocks for n in dev_path), dtype=np.int32)
+        kernels.incref_held(self._rc, blocks)
+        return MatchResult(blocks, num_tokens, host_tokens)
+
+    def _device_part(
+        self, path: list[_Node], pos: int, split_child: _Node | None, split_at: int
+    ) -> tuple[list[_Node], int, _Node | None, int]:
+        """A ``_walk`` result cut to its device-resident part (the same, with no host tier)."""
+        for i, node in enumerate(path):
+            if not node.blocks:
+                return path[:i], path[i - 1].depth_end * _TOKEN_BYTES if i else 0, None, 0
+        if split_child is not None and not split_child.blocks:
+            return path, pos - split_at * self._block_bytes, None, 0
+        return path, pos, split_child, split_at
+
+    def _promote(self, nodes: list[_Node], new: np.ndarray) -> np.ndarray:
+        """Give the host-only ``nodes`` (top-down, a chain) the caller's ``new`` blocks, in order.
+
+        An insert computed these positions again; the nodes become device-resident
+        with their host copies kept. Returns the blocks past them. The caller
+        takes the references, flags and counts, as for any adopted block.
+        """
+        at = 0
+        for node in nodes:
+            k = node.num_blocks
+            self._attach(node, new[at : at + k])
+            at += k
+        return new[at:]
+
+    def _attach(self, node: _Node, ids: np.ndarray) -> None:
+        """Make host-only ``node`` device-resident on ``ids`` (its parent is, or is a root)."""
+        node.blocks = ids.tobytes()
+        parent = node.parent
+        if parent.entry is not None:
+            self._forget_entry(parent)  # it has a device child now
+        self._index(node)  # its children, if any, are host-only
+        if node.host_entry is None:  # a mirror now: always a host candidate
+            self._index_host(node)
+        log = self._events
+        if log is not None:
+            _, chain_parent, extra = self._chain_start(parent)
+            log.stored(self._digest_list(node.digests), chain_parent, node.tokens(), extra)
+
+    def _backup(self, node: _Node) -> bool:
+        """Copy device-resident ``node`` to newly taken host blocks; False if none can be had.
+
+        Evicts from the host first when it is short (never ``node`` itself, which
+        has no copy yet). Complexity: O(blocks) plus the host eviction and the copy.
+        """
+        k = node.num_blocks
+        halloc = self._host_alloc
+        if halloc.num_free < k:
+            self._evict_host(k - halloc.num_free)
+            if halloc.num_free < k:
+                return False
+        hids = halloc.alloc_array(k)  # the tree's one reference
+        self._copier.backup(node.block_ids(), hids)
+        node.host = hids.tobytes()
+        kernels.set_flags(self._host_held, hids, True)
+        self._index_host(node)
+        self._stats.backed_up_blocks += k
+        log = self._events
+        if log is not None:
+            _, chain_parent, extra = self._chain_start(node.parent)
+            log.stored(
+                self._digest_list(node.digests), chain_parent, node.tokens(), extra, HOST_MEDIUM
+            )
+        return True
+
+    def _evict_to_host(self, node: _Node, ids: np.ndarray) -> int:
+        """Device eviction of leaf ``node`` (its free ``ids``) with a host tier; blocks freed.
+
+        With a host copy (made now under ``write_back``) the node stays, host-only;
+        without one it is deleted with its host-only subtree.
+        """
+        n = len(ids)
+        if node.host is None and not self._write_through and not self._backup(node):
+            self._stats.skipped_backup_blocks += n
+        node.entry = None
+        freed = self._alloc.decref_distinct(ids)
+        kernels.set_flags(self._held, ids, False)
+        self._num_cached -= n
+        self._copier.discard(ids)
+        if self._events is not None:
+            self._events.removed(self._digest_list(node.digests))
+        if node.host is None:
+            self._drop_subtree(node)
+            self._unlink(node)
+            return freed
+        node.blocks = b""
+        parent = node.parent
+        if parent.parent is not None and parent.entry is None and not _has_device_child(parent):
+            self._index(parent)
+        if not node.children and node.host_entry is None:
+            self._index_host(node)
+        return freed
+
+    def _evict_host(self, num_blocks: int) -> int:
+        """Free host blocks from the front of the host index (``evict_host``)."""
+        leaves = self._host_leaves
+        key = self._host_order.key
+        loading = self._loading
+        freed = 0
+        skipped = []
+        try:
+            while freed < num_blocks and leaves:
+                entry = leaves.pop(0)
+                node = entry[-1]
+                if node.host_entry is not entry:
+                    continue  # dead: re-filed, or its copy is gone
+                if node.host is None or (not node.blocks and node.children):
+                    node.host_entry = None  # not a candidate now; re-filed when it is
+                    continue
+                fresh = key(node)
+                if entry[:-2] != fresh:
+                    self._index_host(node)
+                    continue
+                if node in loading:
+                    skipped.append(entry)
+                    continue
+                node.host_entry = None
+                freed += self._release_host(node)
+                if not node.blocks:
+                    self._unlink(node)
+        finally:
+            for entry in skipped:
+                leaves.add(entry)
+        return freed
+
+    def _release_host(self, node: _Node) -> int:
+        """Drop ``node``'s host copy; return its blocks."""
+        hids = node.host_ids()
+        self._host_alloc.decref_distinct(hids)
+        kernels.set_flags(self._host_held, hids, False)
+        node.host = None
+        self._stats.host_evicted_blocks += len(hids)
+        if self._events is not None:
+            self._events.removed(self._digest_list(node.digests), HOST_MEDIUM)
+        return len(hids)
+
+    def _drop_subtree(self, node: _Node) -> None:
+        """Delete every node below ``node`` (all host-only, as its device blocks are going)."""
+        stack = list(node.children.values())
+        while stack:
+            child = stack.pop()
+            invariant(child not in self._loading, "a host node a load holds was deleted")
+            child.host_entry = None
+            self._release_host(child)
+            child.parent = None
+            stack.extend(child.children.values())
+        node.children = _NO_CHILDREN
+
+    def _unlink(self, node: _Node) -> None:
+        """Delete leaf ``node`` (no blocks of its own left) from its parent; re-file the parent.
+
+        The parent becomes a device leaf when it has no device child left, a
+        host candidate when it is host-only and childless; a root goes with its
+        last child.
+        """
+        parent = node.parent
+        del parent.children[node.key[: self._block_bytes]]
+        node.parent = None
+        if not parent.children:
+            parent.children = _NO_CHILDREN
+        if parent.parent is None:
+            if not parent.children:
+                del self._roots[parent.ns_key]
+            return
+        if parent.blocks:
+            if parent.entry is None and not _has_device_child(parent):
+                self._index(parent)
+        elif not parent.children and parent.host_entry is None:
+            self._index_host(parent)
+
+    def _index_host(self, node: _Node) -> None:
+        key = self._host_order.key(node)
+        self._uid += 1
+        node.host_entry = (*key, self._uid, node)
+        leaves = self._host_leaves
+        leaves.add(node.host_entry)
+        if len(leaves) > 64 + 2 * self._host.used_blocks:  # mostly dead entries: rebuild
+            self._host_leaves = SortedList(e for e in leaves if e[-1].host_entry is e)
+
+    def _check_host(self, nodes: list[_Node]) -> None:
+        """The host tier's invariants over every node of the tree (``check``)."""
+        bb = self._block_bytes
+        invariant(not self._loading, "nodes are still marked loading outside a load")
+        live = set(map(id, self._host_leaves))
+        copies: list[np.ndarray] = []
+        for node in nodes:
+            parent = node.parent
+            if node.blocks:
+                invariant(
+                    parent.parent is None or parent.blocks,
+                    "device-resident nodes are not a root-connected subtree",
+                )
+            else:
+                invariant(node.host is not None, "an evicted node has no host copy")
+            if node.host is None:
+                continue
+            invariant(
+                len(node.host) // _ID_BYTES * bb == len(node.key),
+                "a node's host copy does not span its tokens (a split cut the tiers apart)",
+            )
+            copies.append(node.host_ids())
+            if node.blocks or not node.children:
+                entry = node.host_entry
+                invariant(
+                    entry is not None and id(entry) in live and entry[-1] is node,
+                    "a host eviction candidate is missing from the host index",
+                )
+        ids = np.concatenate(copies) if copies else _EMPTY_BLOCKS
+        halloc = self._host_alloc
+        invariant(len(np.unique(ids)) == len(ids), "a host block is held by two nodes")
+        invariant(
+            not ids.size or (ids.min() >= 0 and ids.max() < halloc.num_blocks),
+            "a node holds a host block id out of range",
+        )
+        held = np.zeros_like(self._host_held)
+        held[ids] = True
+        invariant((held == self._host_held).all(), "host held-block map disagrees with the tree")
+        invariant(
+            (halloc.refcount_array == held).all(),
+            "a host block is held by someone besides the tree, or a copy's block is free",
+        )
+        invariant(self._host.used_blocks <= halloc.num_blocks, "host usage passed its capacity")
+        halloc.check()
 
     # ------------------------------------------------------------- internals
     def _chain_start(self, node: _Node) -> tuple[bytes, bytes | None, tuple | None]:
@@ -762,6 +1091,12 @@ class RadixCache:
             node.digests = digests[dcut:]
         node.parent = head
         head.children = {node.key[:bb]: node}
+        host = node.host
+        if host is not None:  # a host copy splits at the same boundary as the blocks
+            head.host = host[: k * _ID_BYTES]
+            node.host = host[k * _ID_BYTES :]
+            if head.blocks:  # a mirror of a device-resident node: a host eviction candidate
+                self._index_host(head)
         return head
 
     def _index(self, node: _Node) -> None:
@@ -798,6 +1133,10 @@ class RadixCache:
         events on, also that every node's digests are a fresh recomputation of
         its chain from its parent's last digest (the root's: the hasher's root
         and the namespace's extra keys); with events off, that no node keeps any.
+        With a host tier, also its invariants (``radixkv.cache.host``): device
+        nodes form a root-connected subtree, an evicted node has a host copy
+        spanning its tokens, host blocks are distinct and held by the tree
+        alone, every host candidate is indexed, and the host allocator's own.
         Complexity: O(nodes + cached blocks + num_blocks), plus hashing every
         cached token with events on.
         """
@@ -844,8 +1183,12 @@ class RadixCache:
                     stack.append(child)
                 if node is not root:
                     seen_blocks.append(node.block_ids())
-                    if node.children:
-                        invariant(node.entry is None, "an interior node is in the leaf index")
+                    if self._host is None:
+                        invariant(node.host is None, "a node has a host copy with no host tier")
+                    if not node.blocks or _has_device_child(node):
+                        invariant(
+                            node.entry is None, "an interior or host-only node is in the leaf index"
+                        )
                     else:
                         leaves += 1
                         invariant(node.entry is not None, "a leaf is missing from the leaf index")
@@ -885,6 +1228,8 @@ class RadixCache:
         blocks = np.concatenate(seen_blocks) if seen_blocks else _EMPTY_BLOCKS
         invariant(len(np.unique(blocks)) == len(blocks), "a block is held by two nodes")
         invariant(len(blocks) == self._num_cached, "cached_blocks count is off")
+        if self._host is not None:
+            self._check_host(list(self._iter_nodes()))
         invariant(
             not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
             "a node holds a block id out of range",
@@ -915,9 +1260,11 @@ class RadixCache:
             toks = _abbrev(child.tokens().tolist(), max_tokens)
             blocks = child.block_ids().tolist()
             rcs = self._alloc.refcounts(child.block_ids()).tolist()
+            host = child.host_ids().tolist()
+            host = f" host {_abbrev(host, max_blocks)}" if child.host is not None else ""
             lines.append(
                 f"{indent}{'└── ' if last else '├── '}{toks} ({len(child.key) // _TOKEN_BYTES} tok)"
-                f" blocks {_abbrev(blocks, max_blocks)} rc {_abbrev(rcs, max_blocks)}"
+                f" blocks {_abbrev(blocks, max_blocks)} rc {_abbrev(rcs, max_blocks)}{host}"
             )
             self._pretty_children(
                 child, indent + ("    " if last else "│   "), lines, max_tokens, max_blocks
@@ -931,6 +1278,10 @@ class RadixCache:
             f"RadixCache(block_size={self._bs}, eviction={self.eviction!r}, "
             f"cached_blocks={self._num_cached})"
         )
+
+
+def _has_device_child(node: _Node) -> bool:
+    return any(child.blocks for child in node.children.values())
 
 
 def _abbrev(values: list[int], limit: int) -> str:

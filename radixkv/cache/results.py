@@ -15,14 +15,17 @@ class MatchResult:
     ``block_array`` is an int32 array of the matched blocks in order;
     ``blocks`` is the same as ``list[int]`` (built on first access). One
     reference on each block belongs to whoever received this result.
-    ``num_tokens == len(blocks) * block_size``.
+    ``num_tokens == len(blocks) * block_size``. ``host_num_tokens`` is what a
+    cache with a host tier holds past those, in host memory only (0 otherwise):
+    ``RadixCache.load`` brings it back to the device.
     """
 
-    __slots__ = ("block_array", "num_tokens", "_blocks")
+    __slots__ = ("block_array", "num_tokens", "host_num_tokens", "_blocks")
 
-    def __init__(self, block_array: np.ndarray, num_tokens: int) -> None:
+    def __init__(self, block_array: np.ndarray, num_tokens: int, host_num_tokens: int = 0) -> None:
         self.block_array = block_array
         self.num_tokens = num_tokens
+        self.host_num_tokens = host_num_tokens
         self._blocks: list[int] | None = None
 
     @property
@@ -32,17 +35,30 @@ class MatchResult:
         return self._blocks
 
     def __repr__(self) -> str:
-        return f"MatchResult(blocks={self.blocks!r}, num_tokens={self.num_tokens})"
+        host = f", host_num_tokens={self.host_num_tokens}" if self.host_num_tokens else ""
+        return f"MatchResult(blocks={self.blocks!r}, num_tokens={self.num_tokens}{host})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MatchResult):
             return NotImplemented
-        return self.num_tokens == other.num_tokens and self.blocks == other.blocks
+        return (
+            self.num_tokens == other.num_tokens
+            and self.host_num_tokens == other.host_num_tokens
+            and self.blocks == other.blocks
+        )
 
 
 @dataclass
 class CacheStats:
-    """Cumulative counters since the cache was built (``reset`` keeps them); tokens unless noted."""
+    """Cumulative counters since the cache was built (``reset`` keeps them); tokens unless noted.
+
+    With a host tier (``radixkv.cache.host``): ``host_hit_tokens`` are the
+    matched tokens found in host memory only (past ``hit_tokens``, which are on
+    the device); ``loaded_blocks`` were copied host to device by ``load``;
+    ``backed_up_blocks`` device to host; ``skipped_backup_blocks`` left the
+    device with no host copy (no host space could be had); ``host_evicted_blocks``
+    left the host pool; ``host_blocks`` is a gauge like ``pinned_blocks``.
+    """
 
     num_matches: int = 0
     query_tokens: int = 0
@@ -51,6 +67,12 @@ class CacheStats:
     inserted_tokens: int = 0
     evicted_blocks: int = 0
     pinned_blocks: int = 0  # a gauge, not a counter: blocks pinned when the snapshot was taken
+    host_hit_tokens: int = 0
+    loaded_blocks: int = 0
+    backed_up_blocks: int = 0
+    skipped_backup_blocks: int = 0
+    host_evicted_blocks: int = 0
+    host_blocks: int = 0  # a gauge: host blocks holding a copy when the snapshot was taken
 
     @property
     def hit_rate(self) -> float:

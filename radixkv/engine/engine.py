@@ -27,8 +27,10 @@ import torch
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq
 from radixkv.cache.eviction import EVICTION_ORDERS
+from radixkv.cache.host import WRITE_POLICIES, HostTier
 from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.results import CacheStats
 from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.engine.request import FinishReason, Request, RequestStats, SamplingParams
 from radixkv.engine.scheduler import (
@@ -38,6 +40,7 @@ from radixkv.engine.scheduler import (
     SchedulerOutput,
 )
 from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model.kv_copy import KVCopier, register_host_memory
 from radixkv.model.kvpool import KVPool
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineStats",
+    "TierStats",
     "build_forward_batch",
 ]
 
@@ -65,6 +69,13 @@ class EngineConfig:
     - ``seed``: requests sampled without a seed of their own draw theirs from
       this and their arrival order in the engine, so a fresh engine repeats
       its outputs whatever ran before in the process.
+    - ``host_kv_blocks``: blocks of a host-memory tier (``radixkv.cache.host``;
+      a CPU ``KVPool`` of the same layout); 0 (the default) for none. Needs
+      ``cache="radix"``. ``host_write_policy`` is its write policy
+      (``"write_back"`` or ``"write_through"``, with ``host_write_through_hits``).
+    - ``poison_freed_kv``: a debug mode: device blocks the cache frees are
+      filled with NaN (``radixkv.model.kv_copy.KVCopier``), so a copy or read
+      after a free shows up as a wrong output. Needs a host tier.
 
     Every field is checked at construction: ``TypeError``/``ValueError`` naming
     the field and the value.
@@ -81,6 +92,10 @@ class EngineConfig:
     kv_dtype: torch.dtype | None = None
     device: str | torch.device | None = None
     seed: int = 0
+    host_kv_blocks: int = 0
+    host_write_policy: str = "write_back"
+    host_write_through_hits: int = 2
+    poison_freed_kv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_memory_bytes", "max_num_batched_tokens", "max_num_seqs"):
@@ -108,6 +123,23 @@ class EngineConfig:
             _check_device(self.device)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+        for name in ("host_kv_blocks", "host_write_through_hits"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if self.host_kv_blocks and self.cache != "radix":
+            raise ValueError(
+                f"host_kv_blocks needs cache='radix', got cache={self.cache!r} "
+                f"with host_kv_blocks={self.host_kv_blocks}"
+            )
+        if self.host_write_policy not in WRITE_POLICIES:
+            raise ValueError(
+                f"host_write_policy must be one of {WRITE_POLICIES}, got {self.host_write_policy!r}"
+            )
+        if not isinstance(self.poison_freed_kv, bool):
+            raise ValueError(f"poison_freed_kv must be a bool, got {self.poison_freed_kv!r}")
+        if self.poison_freed_kv and not self.host_kv_blocks:
+            raise ValueError("poison_freed_kv needs a host tier (host_kv_blocks > 0)")
 
 
 def _check_device(device: object) -> None:
@@ -189,6 +221,40 @@ class EngineStats:
         )
 
 
+@dataclass(frozen=True)
+class TierStats:
+    """The prefix cache's hits by tier and the traffic between tiers (tokens unless noted).
+
+    ``device_hit_tokens`` were matched on the device; ``host_hit_tokens`` were
+    found in host memory (and reloaded, unless the pool could not take them);
+    ``loaded_tokens`` / ``loaded_bytes`` moved host to device; ``backed_up_*``
+    device to host; ``skipped_backup_blocks`` left the device with no host copy
+    (no host space). Zeros without a host tier, but for the device hits.
+    """
+
+    device_hit_tokens: int
+    host_hit_tokens: int
+    loaded_tokens: int
+    loaded_bytes: int
+    backed_up_blocks: int
+    backed_up_bytes: int
+    skipped_backup_blocks: int
+    host_blocks: int
+
+    @classmethod
+    def of(cls, stats: CacheStats, block_size: int, bytes_per_block: int) -> TierStats:
+        return cls(
+            device_hit_tokens=stats.hit_tokens,
+            host_hit_tokens=stats.host_hit_tokens,
+            loaded_tokens=stats.loaded_blocks * block_size,
+            loaded_bytes=stats.loaded_blocks * bytes_per_block,
+            backed_up_blocks=stats.backed_up_blocks,
+            backed_up_bytes=stats.backed_up_blocks * bytes_per_block,
+            skipped_backup_blocks=stats.skipped_backup_blocks,
+            host_blocks=stats.host_blocks,
+        )
+
+
 def build_forward_batch(
     out: SchedulerOutput,
     kv: KVCacheManager,
@@ -255,11 +321,12 @@ class Engine:
             num_blocks, cfg.block_size, dtype=cfg.kv_dtype, device=cfg.device
         )
         allocator = BlockAllocator(num_blocks, cfg.block_size)
+        self.host_kv: KVPool | None = None
         if cache_factory is not None:
             cache = cache_factory(allocator)
             cache = NullCache(allocator) if cache is None else cache
         else:
-            cache = make_cache(cfg.cache, allocator, cfg.eviction)
+            cache = make_cache(cfg.cache, allocator, cfg.eviction, self._host_tier())
         if cache.allocator is not allocator:
             raise ValueError("cache_factory must build the cache over the allocator it is given")
         self.kv_manager = KVCacheManager(cache)
@@ -277,6 +344,28 @@ class Engine:
         self.num_failed_steps = 0
         self._num_added = 0  # requests added so far: the default seed's counter
         self._generators: dict[int, torch.Generator] = {}  # sampled requests, until they end
+
+    def _host_tier(self) -> HostTier | None:
+        """The host tier ``config`` asks for (its pool in ``self.host_kv``), or None."""
+        cfg = self.config
+        if not cfg.host_kv_blocks:
+            return None
+        kv = self.kv
+        self.host_kv = self.model.make_kv_pool(
+            cfg.host_kv_blocks, cfg.block_size, dtype=kv.dtype, device="cpu"
+        )
+        if kv.device.type == "cuda":
+            register_host_memory(self.host_kv)
+        return HostTier(
+            BlockAllocator(cfg.host_kv_blocks, cfg.block_size),
+            KVCopier(kv, self.host_kv, poison=cfg.poison_freed_kv),
+            cfg.host_write_policy,
+            cfg.host_write_through_hits,
+        )
+
+    def tier_stats(self) -> TierStats:
+        """Where the cache's hits came from and what moved between the tiers, since start."""
+        return TierStats.of(self.cache.stats, self.config.block_size, self.kv.bytes_per_block)
 
     @property
     def allocator(self) -> BlockAllocator:

@@ -41,6 +41,7 @@ import numpy as np
 from radixkv.cache.allocator import BlockAllocator, InvariantError
 from radixkv.cache.arrays import TokenSeq, as_token_array
 from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.host import HostTier
 from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache, check_namespace
 from radixkv.cache.radix import RadixCache
@@ -79,6 +80,8 @@ class KVCacheManager:
         self._alloc: BlockAllocator = cache.allocator
         self._bs = self._alloc.block_size
         self._entries: dict[Hashable, _Entry] = {}
+        # A cache with a host tier reloads host-resident prefixes at match time.
+        self._load = getattr(cache, "host", None) is not None
         self.num_evicted_blocks = 0
         """Blocks the cache freed to make room for :meth:`allocate_slots`, in total."""
         self.num_switched_blocks = 0
@@ -135,7 +138,10 @@ class KVCacheManager:
         Matches at most ``len(tokens) - 1`` tokens, block-aligned. The manager
         takes one reference on each matched block for the request. Returns the
         number of cached tokens (the request's first computed position). Counts
-        one query in the cache's stats. ``ValueError`` if the id is already
+        one query in the cache's stats. With a host tier (``RadixCache.load``),
+        the host-resident part of the prefix is copied back to the device first
+        and counts as cached: the scheduler budgets only what is left to compute.
+        ``ValueError`` if the id is already
         registered or ``tokens`` is empty, ``TypeError`` for bad tokens or an
         unhashable namespace, before any change. Complexity: the cache's ``match``.
         """
@@ -145,7 +151,8 @@ class KVCacheManager:
         if len(arr) == 0:
             raise ValueError("tokens must hold at least one token")
         namespace = check_namespace(namespace)
-        m = self._cache.match(arr[: len(arr) - 1], namespace)
+        head = arr[: len(arr) - 1]
+        m = self._cache.load(head, namespace) if self._load else self._cache.match(head, namespace)
         blocks = m.blocks
         self._entries[request_id] = _Entry(list(blocks), namespace, len(blocks))
         return m.num_tokens
@@ -277,14 +284,23 @@ class KVCacheManager:
 CACHE_KINDS = ("radix", "hash", None)
 
 
-def make_cache(kind: str | None, allocator: BlockAllocator, eviction: str = "level") -> PrefixCache:
-    """The cache named by ``kind`` over ``allocator``: a ``RadixCache`` (with ``eviction``),
-    a ``HashBlockCache`` (sha256, seed 0), or for None a ``NullCache`` that caches nothing.
+def make_cache(
+    kind: str | None,
+    allocator: BlockAllocator,
+    eviction: str = "level",
+    host: HostTier | None = None,
+) -> PrefixCache:
+    """The cache named by ``kind`` over ``allocator``: a ``RadixCache`` (with ``eviction``
+    and, optionally, a ``host`` tier), a ``HashBlockCache`` (sha256, seed 0), or for None a
+    ``NullCache`` that caches nothing.
 
-    ``ValueError`` for an unknown kind or eviction order.
+    ``ValueError`` for an unknown kind or eviction order, or a host tier on a cache
+    other than ``"radix"``.
     """
+    if host is not None and kind != "radix":
+        raise ValueError(f"a host tier needs cache='radix', got cache={kind!r}")
     if kind == "radix":
-        return RadixCache(allocator, eviction=eviction)
+        return RadixCache(allocator, eviction=eviction, host=host)
     if kind == "hash":
         return HashBlockCache(allocator, hash_seed=0)
     if kind is None:

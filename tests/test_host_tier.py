@@ -1,0 +1,243 @@
+"""RadixCache with a host tier: examples for each behaviour and regressions for its pitfalls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixkv import BlockAllocator, RadixCache
+from radixkv.cache.events import BlockRemoved, BlockStored, ChainHasher
+from radixkv.cache.host import HostTier, NullCopier
+
+
+def tiered(num_device=8, num_host=16, bs=2, **tier):
+    dev, host = BlockAllocator(num_device, bs), BlockAllocator(num_host, bs)
+    copier = tier.pop("copier", NullCopier())
+    extra = tier.pop("cache", {})
+    cache = RadixCache(dev, "lru", host=HostTier(host, copier, **tier), **extra)
+    return cache, dev, host
+
+
+def put(cache, dev, tokens, ns=None):
+    m = cache.match(tokens, ns)
+    need = len(tokens) // dev.block_size - len(m.blocks)
+    if need > dev.num_free:
+        cache.evict(need - dev.num_free)
+    blocks = m.blocks + dev.alloc(need)
+    cache.insert(tokens, blocks, ns)
+    dev.decref(blocks)
+    cache.check()
+
+
+def test_evicted_node_stays_findable_on_host_and_loads_back():
+    cache, dev, host = tiered()
+    put(cache, dev, [1, 2, 3, 4, 5, 6])
+    assert cache.evict(3) == 3
+    assert cache.cached_blocks == 0 and cache.host_cached_blocks == 3
+    m = cache.match([1, 2, 3, 4, 5, 6, 7])
+    assert (m.num_tokens, m.host_num_tokens) == (0, 6)
+    m = cache.load([1, 2, 3, 4, 5, 6, 7])
+    assert (m.num_tokens, m.host_num_tokens, len(m.blocks)) == (6, 0, 3)
+    assert (dev.refcounts(m.block_array) == 2).all()  # the tree's and the caller's
+    cache.check()
+    s = cache.stats
+    assert (s.backed_up_blocks, s.loaded_blocks, s.host_hit_tokens) == (3, 3, 12)
+    assert cache.host_cached_blocks == 3  # the copy stays: a mirror now
+    dev.decref(m.blocks)
+
+
+def test_load_ending_inside_a_node_splits_both_tiers_at_one_boundary():
+    cache, dev, _ = tiered()
+    put(cache, dev, [1, 2, 3, 4, 5, 6])
+    cache.evict(3)
+    m = cache.load([1, 2, 3, 4, 9, 9])
+    assert (m.num_tokens, m.host_num_tokens) == (4, 0)
+    cache.check()
+    assert cache.match([1, 2, 3, 4, 5, 6]).host_num_tokens == 2
+
+
+def test_load_stops_at_the_first_node_the_pool_cannot_take():
+    cache, dev, _ = tiered(num_device=3, num_host=16)
+    put(cache, dev, [1, 2])
+    put(cache, dev, [1, 2, 3, 4, 5, 6])
+    cache.evict(3)
+    held = dev.alloc(2)  # a request holds most of the pool
+    m = cache.load([1, 2, 3, 4, 5, 6])
+    assert (m.num_tokens, m.host_num_tokens) == (2, 4)
+    cache.check()
+    dev.decref(m.blocks + held)
+
+
+def test_write_through_copies_after_k_hits_and_at_insert_for_zero():
+    cache, dev, _ = tiered(write_policy="write_through", write_through_hits=2)
+    put(cache, dev, [1, 2, 3, 4])
+    assert cache.stats.backed_up_blocks == 0
+    for _ in range(2):
+        dev.decref(cache.match([1, 2, 3, 4]).blocks)
+    assert cache.stats.backed_up_blocks == 2
+    cache, dev, _ = tiered(write_policy="write_through", write_through_hits=0)
+    put(cache, dev, [1, 2, 3, 4])
+    assert cache.stats.backed_up_blocks == 2
+
+
+def test_write_through_never_copies_at_eviction():
+    cache, dev, _ = tiered(write_policy="write_through", write_through_hits=5)
+    put(cache, dev, [1, 2, 3, 4])
+    cache.evict(2)
+    assert cache.num_nodes == 0 and cache.stats.backed_up_blocks == 0
+    assert cache.stats.skipped_backup_blocks == 0  # not a failure: the policy's choice
+
+
+def test_no_host_space_deletes_the_node_and_counts_it_never_raises():
+    cache, dev, host = tiered(num_host=1)
+    put(cache, dev, [1, 2, 3, 4])  # 2 blocks: can never fit 1 host block
+    assert cache.evict(2) == 2
+    assert cache.num_nodes == 0 and cache.stats.skipped_backup_blocks == 2
+    assert host.num_free == 1
+    cache.check()
+
+
+def test_a_host_full_of_mirrors_does_not_starve():
+    # write_through at insert fills the host with mirrors of device nodes; host eviction must
+    # drop mirrors, or every later backup fails.
+    cache, dev, host = tiered(
+        num_device=8, num_host=4, write_policy="write_through", write_through_hits=0
+    )
+    put(cache, dev, [1, 2, 3, 4])
+    put(cache, dev, [5, 6, 7, 8])
+    assert host.num_free == 0
+    put(cache, dev, [9, 9, 8, 8])
+    assert cache.stats.backed_up_blocks == 6 and cache.stats.host_evicted_blocks == 2
+    cache.check()
+
+
+def test_host_smaller_than_device_keeps_working():
+    cache, dev, host = tiered(num_device=8, num_host=2)
+    for i in range(20):
+        put(cache, dev, [i, i])
+        cache.evict(1)
+    assert host.num_free + cache.host_cached_blocks == 2
+    assert cache.stats.backed_up_blocks > 0 and cache.stats.host_evicted_blocks > 0
+
+
+def test_host_eviction_makes_progress_through_nested_host_only_nodes():
+    cache, dev, host = tiered(num_device=8, num_host=8)
+    put(cache, dev, [1, 1, 2, 2])
+    put(cache, dev, [1, 1, 2, 2, 3, 3])
+    put(cache, dev, [1, 1, 2, 2, 4, 4])
+    cache.evict(8)
+    assert cache.host_cached_blocks == 4
+    assert cache.evict_host(100) == 4  # leaves first, then the parent they left childless
+    assert cache.num_nodes == 0 and host.num_free == 8
+    cache.check()
+
+
+def test_a_node_being_loaded_is_never_deleted():
+    # Loading [1..6] needs 3 device blocks; the pool holds 3 other backed-up blocks, whose
+    # eviction needs host space; the only host candidates are the loading node's own
+    # copies. They must be skipped, not deleted under the load.
+    cache, dev, host = tiered(num_device=3, num_host=5)
+    put(cache, dev, [1, 2, 3, 4, 5, 6])
+    cache.evict(3)
+    put(cache, dev, [7, 7, 8, 8, 9, 9])
+    m = cache.load([1, 2, 3, 4, 5, 6])
+    cache.check()
+    assert m.num_tokens + m.host_num_tokens == 6
+    dev.decref(m.blocks)
+    assert cache.match([1, 2, 3, 4, 5, 6]).host_num_tokens + cache.peek([1, 2, 3, 4, 5, 6]) == 6
+
+
+def test_insert_through_host_only_nodes_adopts_the_callers_blocks():
+    cache, dev, _ = tiered()
+    put(cache, dev, [1, 2, 3, 4])
+    cache.evict(2)
+    blocks = dev.alloc(3)
+    assert cache.insert([1, 2, 3, 4, 5, 6], blocks) == 0  # nothing was on the device
+    assert cache.peek([1, 2, 3, 4, 5, 6]) == 6
+    assert cache.host_cached_blocks == 2  # the copy stays, a mirror
+    cache.check()
+    dev.decref(blocks)
+
+
+def test_pin_covers_only_the_device_prefix():
+    cache, dev, _ = tiered()
+    put(cache, dev, [1, 2, 3, 4, 5, 6])
+    cache.evict(3)
+    put(cache, dev, [1, 2])
+    assert cache.pin([1, 2, 3, 4, 5, 6]) == 2
+    cache.check()
+
+
+def test_reset_frees_both_pools():
+    cache, dev, host = tiered()
+    put(cache, dev, [1, 2, 3, 4])
+    cache.evict(2)
+    put(cache, dev, [5, 6])
+    cache.reset()
+    assert dev.num_free == dev.num_blocks and host.num_free == host.num_blocks
+    cache.check()
+
+
+def test_events_name_the_medium_of_each_tier():
+    hasher = ChainHasher()
+    cache, dev, _ = tiered(cache={"events": hasher})
+    put(cache, dev, [1, 2, 3, 4])
+    cache.take_events()
+    cache.evict(2)
+    events = cache.take_events()
+    assert [(type(e), e.medium) for e in events] == [
+        (BlockStored, "CPU"),
+        (BlockRemoved, "GPU"),
+        (BlockRemoved, "GPU"),
+    ]
+    dev.decref(cache.load([1, 2, 3, 4]).blocks)
+    assert [(type(e), e.medium) for e in cache.take_events()] == [(BlockStored, "GPU")]
+    cache.evict_host(2)
+    assert {e.medium for e in cache.take_events()} == {"CPU"}
+    cache.check()
+
+
+def test_copier_is_asked_for_every_move():
+    copier = NullCopier()
+    cache, dev, _ = tiered(copier=copier)
+    put(cache, dev, [1, 2, 3, 4])
+    cache.evict(2)
+    dev.decref(cache.load([1, 2, 3, 4]).blocks)
+    assert (copier.backed_up, copier.discarded, copier.loaded) == (2, 2, 2)
+
+
+def test_without_a_host_tier_load_is_match_and_evict_host_does_nothing():
+    dev = BlockAllocator(4, 2)
+    cache = RadixCache(dev)
+    put(cache, dev, [1, 2])
+    m = cache.load([1, 2])
+    assert (m.num_tokens, m.host_num_tokens) == (2, 0)
+    dev.decref(m.blocks)
+    assert cache.evict_host(5) == 0 and cache.host is None and cache.host_cached_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"write_policy": "write_around"}, ValueError, "write_policy"),
+        ({"write_through_hits": -1}, ValueError, "write_through_hits"),
+        ({"write_through_hits": True}, ValueError, "write_through_hits"),
+        ({"eviction": "random"}, ValueError, "eviction"),
+        ({"copier": object()}, TypeError, "copier"),
+    ],
+)
+def test_host_tier_rejects_bad_fields(kwargs, error, names):
+    with pytest.raises(error, match=names):
+        HostTier(BlockAllocator(4, 2), **kwargs)
+
+
+def test_cache_rejects_a_shared_or_mismatched_host_pool():
+    dev = BlockAllocator(4, 2)
+    with pytest.raises(ValueError, match="host.allocator"):
+        RadixCache(dev, host=HostTier(dev))
+    with pytest.raises(ValueError, match="block_size"):
+        RadixCache(dev, host=HostTier(BlockAllocator(4, 4)))
+    with pytest.raises(TypeError, match="host"):
+        RadixCache(dev, host=BlockAllocator(4, 2))
+    with pytest.raises(TypeError, match="allocator"):
+        HostTier(np.zeros(3))
