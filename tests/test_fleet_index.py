@@ -251,6 +251,35 @@ def test_exact_index_from_hand_built_events() -> None:
     idx.check()
 
 
+def test_exact_index_tracks_the_device_tier_of_a_replica_with_a_host_tier() -> None:
+    """Host-tier events (medium "CPU") neither add a block nor keep one the device dropped."""
+    from radixkv.cache.allocator import BlockAllocator
+    from radixkv.cache.host import HostTier
+    from radixkv.cache.radix import RadixCache
+
+    dev = BlockAllocator(16, BS)
+    cache = RadixCache(dev, "lru", events=HASHER, host=HostTier(BlockAllocator(32, BS)))
+    idx = ExactIndex(block_size=BS, clock=FakeClock())
+    blocks = dev.alloc(10)
+    cache.insert(A, blocks)
+    dev.decref(blocks)
+    idx.apply("r0", cache.take_events())
+    assert idx.match(chain(A)) == {"r0": 10}
+    cache.evict(10)  # to the host: CPU stored, then GPU removed
+    events = cache.take_events()
+    assert {e.medium for e in events if isinstance(e, BlockStored)} == {"CPU"}
+    idx.apply("r0", events)
+    assert idx.match(chain(A)) == {}
+    m = cache.load(A)  # back on the device: GPU stored
+    dev.decref(m.blocks)
+    idx.apply("r0", cache.take_events())
+    assert idx.match(chain(A)) == {"r0": 10}
+    cache.evict_host(100)  # the mirrors go: CPU removed, the device still holds the blocks
+    idx.apply("r0", cache.take_events())
+    assert idx.match(chain(A)) == {"r0": 10}
+    idx.check()
+
+
 def test_exact_rejects_foreign_events() -> None:
     idx = ExactIndex(block_size=BS, clock=FakeClock())
     with pytest.raises(ValueError, match="block_size must be 4 in replica 'r0'.*got 16"):

@@ -14,7 +14,13 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 
 from radixkv.cache.allocator import invariant
-from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from radixkv.cache.events import (
+    HOST_MEDIUM,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
 from radixkv.fleet.index_base import (
     Clock,
     _check_optional_count,
@@ -37,7 +43,9 @@ class ExactIndex(_Clocked):
     (``ChainHasher.wire``), so requests must be hashed with the replicas'
     recipe and seed (:func:`~radixkv.fleet.chain.chain_hashes`). Parent hashes are not needed: a
     request's chain is walked from its first block and stops at the first
-    miss. The event ``medium`` is ignored (radixkv replicas report one tier).
+    miss. The index tracks the device tier: events whose ``medium`` is
+    ``"CPU"`` (a replica's host tier, ``radixkv.cache.host``) are skipped, so
+    a host copy neither adds a block nor keeps one the device dropped.
 
     Real entries live in a table ``hash -> bit mask of the replicas holding
     it`` (a bit slot per replica, reused after ``drop_replica``), so a match
@@ -118,6 +126,8 @@ class ExactIndex(_Clocked):
         clear = ~bit
         real = self._real[replica_id]
         for ev in events:
+            if getattr(ev, "medium", None) == HOST_MEDIUM:
+                continue  # the device tier only: a host copy is not a device hit
             if isinstance(ev, BlockStored):
                 if self.block_size is not None and ev.block_size != self.block_size:
                     raise ValueError(
