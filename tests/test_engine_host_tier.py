@@ -221,3 +221,23 @@ def test_copier_rejects_pools_of_another_layout():
         KVCopier(dev, KVPool(2, 4, 2, 2, 8))
     with pytest.raises(ValueError, match="block_size"):
         KVCopier(dev, KVPool(2, 4, 4, 2, 4))
+
+
+def test_a_reload_that_ends_inside_a_node_equals_cache_off(model):
+    """Prompt b shares 40 of prompt a's 64 tokens: its reload splits a's host-only node."""
+    rng = np.random.default_rng(11)
+    a = rng.integers(0, 256, 64)
+    b = np.concatenate([a[:40], rng.integers(0, 256, 30)])
+    params = SamplingParams(6)
+    off = Engine(model, EngineConfig(block_size=4, num_blocks=256, cache=None))
+    want = [o.output_ids for o in off.generate([a, b], params)]
+    engine = Engine(model, EngineConfig(block_size=4, num_blocks=64, host_kv_blocks=64,
+                                        poison_freed_kv=True))  # fmt: skip
+    [out_a] = engine.generate([a], params)
+    engine.cache.evict(10**9)  # every block of a to the host
+    assert engine.cache.cached_blocks == 0 and engine.cache.host_cached_blocks > 0
+    [out_b] = engine.generate([b], params)
+    assert [out_a.output_ids, out_b.output_ids] == want
+    assert out_b.stats.cached_tokens == 40
+    assert engine.tier_stats().loaded_tokens == 40
+    engine.check()
