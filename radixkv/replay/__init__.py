@@ -7,10 +7,15 @@
 >>> r.hit_tokens.tolist(), r.total_hit_tokens, r.final_cache_blocks
 ([0, 900], 900, 2)
 
+``replay(..., host_capacity=N)`` gives a radix policy a host-memory tier of N
+blocks (``ReplayResult.host_hit_tokens``); ``TierCostModel`` prices the
+recomputed and reloaded tokens.
+
 No torch import: replay runs on numpy arrays and numba kernels.
 """
 
 from radixkv.replay.config import FLAT_POLICIES, RADIX_POLICIES, REPLAY_POLICIES, ReplayConfig
+from radixkv.replay.cost import TierCostModel
 from radixkv.replay.replay import ReplayResult, replay
 from radixkv.replay.trace import Trace, TraceError, TraceLengthError, TraceRequest, load_trace
 
@@ -23,6 +28,7 @@ __all__ = [
     "Trace",
     "TraceError",
     "TraceLengthError",
+    "TierCostModel",
     "TraceRequest",
     "load_trace",
     "replay",

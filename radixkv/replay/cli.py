@@ -40,6 +40,7 @@ STDIN = "-"
 _PLOT_EXTRA = "pip install 'radixkv[plot]'"
 
 _capacity = int_in(1, _MAX_CAPACITY)
+_host_capacity = int_in(0, _MAX_CAPACITY)
 _T = TypeVar("_T")
 
 
@@ -97,14 +98,27 @@ def run_replay(args: argparse.Namespace) -> int:
     """Replay one trace; print one JSON object on stdout. Returns the exit code."""
     prog = "radixkv replay"
     try:
-        ReplayConfig(args.policy, args.capacity, args.block_size, args.small_ratio, args.max_freq)
+        ReplayConfig(
+            args.policy,
+            args.capacity,
+            args.block_size,
+            args.small_ratio,
+            args.max_freq,
+            args.host_capacity,
+        )
     except (TypeError, ValueError) as exc:
-        return fail(prog, str(exc))
+        return fail(prog, str(exc).replace("host_capacity", "--host-capacity"))
     trace = _load(prog, args.trace, args)
     if isinstance(trace, int):
         return trace
     result = replay(
-        trace, args.policy, args.capacity, args.block_size, args.small_ratio, args.max_freq
+        trace,
+        args.policy,
+        args.capacity,
+        args.block_size,
+        args.small_ratio,
+        args.max_freq,
+        host_capacity=args.host_capacity,
     )
     print(json.dumps(result.to_dict(per_request=args.per_request)))
     return 0
@@ -212,11 +226,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("trace", help=_TRACE_HELP)
     p.add_argument("--policy", required=True, choices=REPLAY_POLICIES)
     p.add_argument("--capacity", type=_capacity, required=True, help="cache size in blocks, >= 1")
+    p.add_argument(
+        "--host-capacity",
+        type=_host_capacity,
+        default=0,
+        help="blocks in a host-memory tier under the tree (radix-* policies only; write-back, "
+        "LRU host order): what the device evicts waits there and is loaded back on a hit; "
+        "the JSON gains host_* fields (default 0: no host tier)",
+    )
     _add_policy_params(p)
     p.add_argument(
         "--per-request",
         action="store_true",
-        help="add a per_request list of {prompt_tokens, hit_tokens} in trace order",
+        help="add a per_request list of {prompt_tokens, hit_tokens} in trace order "
+        "(and host_hit_tokens with --host-capacity)",
     )
     p.set_defaults(func=run_replay)
 

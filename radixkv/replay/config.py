@@ -32,6 +32,9 @@ class ReplayConfig:
     - ``small_ratio``: S3FIFO's small-queue share, 0 < small_ratio < 1;
       ``small_cap = round(capacity * small_ratio)`` (Python's banker's ``round``).
     - ``max_freq``: S3FIFO's saturating frequency cap, >= 0.
+    - ``host_capacity``: blocks in a host-memory tier under the radix tree,
+      >= 0; 0 (the default) means none. Only the ``radix-*`` policies have
+      one: a flat policy with ``host_capacity > 0`` is a ``ValueError``.
 
     The S3FIFO fields are validated for every policy, but only S3FIFO reads
     them; for S3FIFO, a capacity that leaves the small or main queue empty is
@@ -46,6 +49,7 @@ class ReplayConfig:
     block_size: int = 512
     small_ratio: float = 0.1
     max_freq: int = 3
+    host_capacity: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in REPLAY_POLICIES:
@@ -56,8 +60,14 @@ class ReplayConfig:
             ("capacity", 1, _MAX_CAPACITY),
             ("block_size", 1, _MAX_BLOCK_SIZE),
             ("max_freq", 0, 2**62),
+            ("host_capacity", 0, _MAX_CAPACITY),
         ):
             object.__setattr__(self, name, _checked_int(name, getattr(self, name), low, high))
+        if self.host_capacity and self.policy not in RADIX_POLICIES:
+            raise ValueError(
+                f"host_capacity is for the radix-* policies only, got host_capacity="
+                f"{self.host_capacity} with policy {self.policy!r}"
+            )
         ratio = self.small_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
             raise TypeError(f"small_ratio must be a number, got {type(ratio).__name__}")

@@ -6,18 +6,29 @@ are the cache's blocks and its prefix-closed eviction is the policy:
 ``"radix-<order>"`` for every order in ``radixkv.cache.eviction.EVICTION_ORDERS``
 (``radix-lru``, ``radix-level``, ``radix-lfu``, ``radix-fifo``,
 ``radix-priority``, ``radix-lrfu``, ``radix-deep``).
+
+With ``host_capacity > 0`` the tree gets a host-memory tier
+(``radixkv.cache.host.HostTier`` over a ``BlockAllocator(host_capacity, 1)``,
+write-back, LRU host order, a ``NullCopier``: bookkeeping only): a block the
+device evicts waits on the host, and a later request that matches it loads it
+back (``RadixCache.load``) instead of recomputing it.
 """
 
 from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.eviction import EVICTION_ORDERS
+from radixkv.cache.host import HostTier, NullCopier
 from radixkv.cache.radix import RadixCache
+from radixkv.cache.results import CacheStats
 from radixkv.replay.trace import Trace
 
-__all__ = ["RadixReplayer", "radix_replay"]
+__all__ = ["RadixReplayer", "TierReplay", "radix_replay", "radix_replay_tiers"]
 
 _EVICTION = {f"radix-{name}": name for name in EVICTION_ORDERS}
 
@@ -29,46 +40,91 @@ class RadixReplayer:
     ``RadixCache`` over it (``alloc`` and ``cache``, exposed for inspection;
     do not mutate them). Between requests every block is either free or held
     by the tree alone.
+
+    With ``host_capacity > 0`` the cache also has a host tier: ``host_alloc``
+    (``BlockAllocator(host_capacity, 1)``) under a write-back, LRU-ordered
+    ``HostTier`` whose ``copier`` (a ``NullCopier``) counts the blocks moved.
+    ``host_capacity == 0`` (the default) is exactly the one-tier replayer
+    (``host_alloc`` and ``copier`` are None). ``ValueError`` naming the
+    argument for an unknown policy or a bad capacity.
     """
 
-    def __init__(self, policy: str, capacity: int) -> None:
+    def __init__(self, policy: str, capacity: int, host_capacity: int = 0) -> None:
         if policy not in _EVICTION:
             raise ValueError(f"policy must be one of {', '.join(_EVICTION)}, got {policy!r}")
+        if isinstance(host_capacity, bool) or not isinstance(host_capacity, numbers.Integral):
+            raise TypeError(f"host_capacity must be an int, got {type(host_capacity).__name__}")
+        host_capacity = int(host_capacity)
+        if host_capacity < 0:
+            raise ValueError(f"host_capacity must be >= 0, got {host_capacity}")
         self.alloc = BlockAllocator(num_blocks=capacity, block_size=1)
-        self.cache = RadixCache(self.alloc, eviction=_EVICTION[policy])
+        self.host_alloc: BlockAllocator | None = None
+        self.copier: NullCopier | None = None
+        host = None
+        if host_capacity:
+            self.host_alloc = BlockAllocator(num_blocks=host_capacity, block_size=1)
+            self.copier = NullCopier()
+            host = HostTier(self.host_alloc, self.copier, write_policy="write_back", eviction="lru")
+        self.cache = RadixCache(self.alloc, eviction=_EVICTION[policy], host=host)
 
     def step(self, seq: np.ndarray) -> int:
-        """Serve one request (an int32 id array); return its hit length in blocks.
+        """Serve one request (an int32 id array); return its device hit length in blocks.
 
-        ``match`` the whole sequence (the request now holds references on its
-        matched path, so eviction cannot touch it); if the pool is short of
-        the rest, ``evict`` the shortfall from the tree; allocate what fits and
-        ``insert`` the longest prefix that fits; then let go of every block
-        the request held.
-
-        Complexity: O(len(seq)) plus O(evicted leaves * log leaves).
+        The device hit is the prefix that was on the device when the request
+        arrived; ``step_tiers`` also says how many blocks were loaded from the
+        host. Complexity: as ``step_tiers``.
         """
-        alloc, cache = self.alloc, self.cache
-        m = cache.match(seq)
+        return self.step_tiers(seq)[0]
+
+    def step_tiers(self, seq: np.ndarray) -> tuple[int, int]:
+        """Serve one request; return ``(device_hit, loaded)`` in blocks.
+
+        ``device_hit`` is the length of the prefix of ``seq`` resident on the
+        device at arrival; ``loaded`` the blocks right after it that were on
+        the host alone and were loaded back (always 0 without a host tier).
+        The request then holds references on its ``device_hit + loaded``
+        blocks, so eviction cannot touch them; if the pool is short of the
+        rest, ``evict`` the shortfall from the tree (with a host tier the
+        evicted leaves are backed up to the host, write-back); allocate what
+        fits and ``insert`` the longest prefix that fits (an insert through
+        host-only nodes the load could not bring back gives them the new,
+        recomputed blocks); then let go of every block the request held.
+
+        Without a host tier this is one ``match``; with one, one ``load``
+        (a ``match`` that loads), so every node is touched once per request,
+        as in the one-tier replay. ``loaded`` is read off the copier's count,
+        which only ``load`` moves.
+
+        Complexity: O(len(seq)) plus O(evicted leaves * log leaves), plus the
+        host tier's backups and host evictions.
+        """
+        alloc, cache, copier = self.alloc, self.cache, self.copier
+        if copier is None:
+            m = cache.match(seq)
+            loaded = 0
+        else:
+            before = copier.loaded
+            m = cache.load(seq)
+            loaded = copier.loaded - before
         matched = len(m.block_array)
         need = len(seq) - matched
         if need:
             if alloc.num_free < need:
                 cache.evict(need - alloc.num_free)
             new = alloc.alloc_array(min(need, alloc.num_free))
-            got = len(new)
-            if got:
+            if len(new):
                 blocks = np.concatenate((m.block_array, new))
-                cache.insert(seq[: matched + got], blocks)
+                cache.insert(seq[: matched + len(new)], blocks)
                 alloc.decref_distinct(blocks)
-                return matched
+                return matched - loaded, loaded
         alloc.decref_distinct(m.block_array)
-        return matched
+        return matched - loaded, loaded
 
     def count_matchable(self, trace: Trace) -> int:
-        """Distinct tree blocks some request of ``trace`` matches now (bumps LRU clocks).
+        """Distinct device blocks some request of ``trace`` matches now (bumps LRU clocks).
 
-        Complexity: O(total ids).
+        Matches only, never loads: host-only blocks are not counted (nor are
+        they in ``cache.cached_blocks``). Complexity: O(total ids).
         """
         seen = np.zeros(self.alloc.num_blocks, dtype=bool)
         ids, offsets = trace.ids, trace.offsets
@@ -79,25 +135,77 @@ class RadixReplayer:
         return int(seen.sum())
 
 
+@dataclass(frozen=True)
+class TierReplay:
+    """What ``radix_replay_tiers`` measured (int64 arrays, one entry per request; blocks).
+
+    - ``hit_blocks[i]``: request i's device hit (resident on the device at arrival);
+    - ``host_hit_blocks[i]``: the blocks right after it loaded back from the
+      host (all 0 with ``host_capacity == 0``);
+    - ``final_cache_blocks`` / ``final_host_blocks``: blocks the tree holds on
+      the device / on the host after the last request (a host block may be a
+      mirror of a device-resident one);
+    - ``unreachable``: device blocks no request of the trace would match at
+      the end (0 for a prefix-closed tree);
+    - ``stats``: the cache's counters after the replay, before the
+      reachability count (``loaded_blocks == host_hit_blocks.sum()``).
+    """
+
+    hit_blocks: np.ndarray
+    host_hit_blocks: np.ndarray
+    final_cache_blocks: int
+    final_host_blocks: int
+    unreachable: int
+    stats: CacheStats
+
+
+def radix_replay_tiers(
+    trace: Trace, policy: str, capacity: int, host_capacity: int = 0
+) -> TierReplay:
+    """Replay ``trace`` through a ``RadixReplayer(policy, capacity, host_capacity)``.
+
+    ``host_capacity == 0`` is the one-tier replay (``radix_replay``), and gives
+    identical device figures. Raises as ``RadixReplayer``.
+
+    Complexity: O(total ids * log leaves) for the replay, plus the host tier's
+    work, plus O(total ids) for the reachability count.
+    """
+    # The tree never holds more blocks than the trace has ids on either tier (every block of
+    # either is a distinct position some request inserted), so a bigger pool never runs short
+    # either: clamping changes nothing but the memory a huge capacity would take.
+    most = max(1, trace.num_accesses)
+    replayer = RadixReplayer(policy, min(capacity, most), min(host_capacity, most))
+    ids, offsets = trace.ids, trace.offsets
+    hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
+    host_hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
+    step = replayer.step_tiers
+    for r in range(trace.num_requests):
+        hit_blocks[r], host_hit_blocks[r] = step(ids[offsets[r] : offsets[r + 1]])
+    cache = replayer.cache
+    stats = cache.stats
+    final_cache_blocks = cache.cached_blocks
+    unreachable = final_cache_blocks - replayer.count_matchable(trace)
+    return TierReplay(
+        hit_blocks=hit_blocks,
+        host_hit_blocks=host_hit_blocks,
+        final_cache_blocks=final_cache_blocks,
+        final_host_blocks=cache.host_cached_blocks,
+        unreachable=unreachable,
+        stats=stats,
+    )
+
+
 def radix_replay(trace: Trace, policy: str, capacity: int) -> tuple[np.ndarray, int, int, int]:
     """Replay ``trace``; return ``(hit_blocks, block_hits, final_cache_blocks, unreachable)``.
 
-    ``hit_blocks[i]`` is request i's matched length (see ``RadixReplayer.step``);
-    ``block_hits`` their sum. ``unreachable`` counts tree blocks no request of
-    the trace would match at the end (measured by matching every request; 0
-    for a prefix-closed tree).
+    The one-tier replay: ``hit_blocks[i]`` is request i's matched length (see
+    ``RadixReplayer.step``); ``block_hits`` their sum. ``unreachable`` counts
+    tree blocks no request of the trace would match at the end (measured by
+    matching every request; 0 for a prefix-closed tree). ``radix_replay_tiers``
+    adds the host tier.
 
     Complexity: O(total ids * log leaves) for the replay plus O(total ids) for
     the reachability count.
     """
-    # The tree never holds more blocks than the trace has ids, so a bigger pool never runs
-    # short either: clamping it changes nothing but the memory a huge capacity would take.
-    replayer = RadixReplayer(policy, min(capacity, max(1, trace.num_accesses)))
-    ids, offsets = trace.ids, trace.offsets
-    hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
-    step = replayer.step
-    for r in range(trace.num_requests):
-        hit_blocks[r] = step(ids[offsets[r] : offsets[r + 1]])
-    final_cache_blocks = replayer.cache.cached_blocks
-    unreachable = final_cache_blocks - replayer.count_matchable(trace)
-    return hit_blocks, int(hit_blocks.sum()), final_cache_blocks, unreachable
+    r = radix_replay_tiers(trace, policy, capacity)
+    return r.hit_blocks, int(r.hit_blocks.sum()), r.final_cache_blocks, r.unreachable

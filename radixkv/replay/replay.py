@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from radixkv.cache.results import CacheStats
 from radixkv.replay import policies_fast
 from radixkv.replay.config import FLAT_POLICIES, ReplayConfig
-from radixkv.replay.radix_policy import radix_replay
+from radixkv.replay.radix_policy import radix_replay_tiers
 from radixkv.replay.trace import Trace, TraceRequest
 
 __all__ = ["ReplayResult", "hit_tokens_for", "replay"]
@@ -26,7 +27,8 @@ class ReplayResult:
     - ``block_hits`` / ``block_misses``: accesses that found / did not find
       their block resident (flat policies decide this per access, so blocks
       past a request's first miss count too; the radix tree's hits are its
-      matched prefixes); ``block_hits + block_misses`` is the total number of ids;
+      matched prefixes); ``block_hits + host_block_hits + block_misses`` is the
+      total number of ids (``host_block_hits`` is 0 without a host tier);
     - ``final_cache_blocks``: blocks resident after the last request (S3FIFO:
       ``|S| + |M|``, never the ghost; radix: blocks the tree holds);
     - ``unreachable_blocks``: resident blocks that no request of the trace
@@ -36,6 +38,25 @@ class ReplayResult:
       where it first appears in the trace) is not resident: the direct form
       of the same test, ``orphan_blocks <= unreachable_blocks`` on chained ids
       (always 0 for the tree, whose resident set is prefix-closed).
+
+    With a host tier (``config.host_capacity > 0``, radix policies only), the
+    figures above are the device's, and:
+
+    - ``host_hit_blocks[i]``: the blocks right after request i's device hit
+      that were on the host alone and were loaded back instead of recomputed;
+    - ``host_hit_tokens[i] = min((k + h) * block_size, input_length) -
+      hit_tokens[i]`` for ``h = host_hit_blocks[i]``: the prompt tokens those
+      blocks served (the cap falls on the last block, whichever tier it is in);
+    - ``host_block_hits``: their sum; ``final_host_blocks``: blocks the host
+      holds after the last request (copies of evicted blocks, and mirrors of
+      device-resident ones);
+    - ``cache_stats``: the tree's ``CacheStats`` after the replay (radix
+      policies; None for the flat ones), e.g. ``backed_up_blocks``,
+      ``host_evicted_blocks``, ``skipped_backup_blocks``.
+
+    Without one these are zeros (the defaults, so a result built without them
+    reads the same). ``recompute_tokens[i] = prompt_tokens[i] - hit_tokens[i] -
+    host_hit_tokens[i]`` is what request i had to prefill.
     """
 
     config: ReplayConfig
@@ -47,6 +68,17 @@ class ReplayResult:
     final_cache_blocks: int
     unreachable_blocks: int
     orphan_blocks: int
+    host_hit_blocks: np.ndarray | None = field(default=None)
+    host_hit_tokens: np.ndarray | None = field(default=None)
+    host_block_hits: int = 0
+    final_host_blocks: int = 0
+    cache_stats: CacheStats | None = None
+
+    def __post_init__(self) -> None:
+        # Absent host figures are zeros, one per request: after this neither array is None.
+        for name in ("host_hit_blocks", "host_hit_tokens"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(len(self.prompt_tokens), dtype=np.int64))
 
     @property
     def policy(self) -> str:
@@ -66,12 +98,44 @@ class ReplayResult:
 
     @property
     def overall_hit_rate(self) -> float:
-        """``total_hit_tokens / total_prompt_tokens`` (0.0 when there are no prompt tokens)."""
+        """``total_hit_tokens / total_prompt_tokens`` (0.0 when there are no prompt tokens).
+
+        The device's hit rate: host hits are not in it (see ``combined_hit_rate``).
+        """
         total = self.total_prompt_tokens
         return self.total_hit_tokens / total if total else 0.0
 
+    @property
+    def total_host_hit_tokens(self) -> int:
+        """Prompt tokens served by blocks loaded back from the host (0 without a host tier)."""
+        return int(self.host_hit_tokens.sum())
+
+    @property
+    def recompute_tokens(self) -> np.ndarray:
+        """Per request, the prompt tokens neither tier had: ``prompt - hit - host_hit``."""
+        return self.prompt_tokens - self.hit_tokens - self.host_hit_tokens
+
+    @property
+    def host_hit_rate(self) -> float:
+        """``total_host_hit_tokens / total_prompt_tokens`` (0.0 when there are no prompt tokens)."""
+        total = self.total_prompt_tokens
+        return self.total_host_hit_tokens / total if total else 0.0
+
+    @property
+    def combined_hit_rate(self) -> float:
+        """Prompt tokens served by either tier over all prompt tokens (0.0 for none)."""
+        total = self.total_prompt_tokens
+        return (self.total_hit_tokens + self.total_host_hit_tokens) / total if total else 0.0
+
     def to_dict(self, per_request: bool = False) -> dict[str, Any]:
-        """The CLI's JSON object; with ``per_request``, a ``per_request`` list in trace order."""
+        """The CLI's JSON object; with ``per_request``, a ``per_request`` list in trace order.
+
+        With a host tier (``config.host_capacity > 0``) it also has
+        ``host_capacity_blocks, total_host_hit_tokens, host_hit_rate,
+        combined_hit_rate, host_block_hits, final_host_blocks``, and each
+        ``per_request`` entry a ``host_hit_tokens``; without one it is exactly
+        the one-tier object.
+        """
         out: dict[str, Any] = {
             "policy": self.config.policy,
             "cache_capacity_blocks": self.config.capacity,
@@ -86,11 +150,33 @@ class ReplayResult:
             "unreachable_blocks": self.unreachable_blocks,
             "orphan_blocks": self.orphan_blocks,
         }
+        tiered = self.config.host_capacity > 0
+        if tiered:
+            out.update(
+                host_capacity_blocks=self.config.host_capacity,
+                total_host_hit_tokens=self.total_host_hit_tokens,
+                host_hit_rate=self.host_hit_rate,
+                combined_hit_rate=self.combined_hit_rate,
+                host_block_hits=self.host_block_hits,
+                final_host_blocks=self.final_host_blocks,
+            )
+            stats = self.cache_stats
+            if stats is not None:
+                out.update(
+                    backed_up_blocks=stats.backed_up_blocks,
+                    host_evicted_blocks=stats.host_evicted_blocks,
+                    skipped_backup_blocks=stats.skipped_backup_blocks,
+                )
         if per_request:
-            out["per_request"] = [
-                {"prompt_tokens": p, "hit_tokens": h}
-                for p, h in zip(self.prompt_tokens.tolist(), self.hit_tokens.tolist(), strict=True)
-            ]
+            prompts, hits = self.prompt_tokens.tolist(), self.hit_tokens.tolist()
+            if tiered:
+                out["per_request"] = [
+                    {"prompt_tokens": p, "hit_tokens": h, "host_hit_tokens": g}
+                    for p, h, g in zip(prompts, hits, self.host_hit_tokens.tolist(), strict=True)
+                ]
+            else:
+                pairs = zip(prompts, hits, strict=True)
+                out["per_request"] = [{"prompt_tokens": p, "hit_tokens": h} for p, h in pairs]
         return out
 
 
@@ -108,6 +194,7 @@ def replay(
     block_size: int = 512,
     small_ratio: float = 0.1,
     max_freq: int = 3,
+    host_capacity: int = 0,
 ) -> ReplayResult:
     """Replay ``requests`` in order through ``policy`` with room for ``capacity`` blocks.
 
@@ -116,14 +203,18 @@ def replay(
     prefix hit k is taken at arrival (the longest run of resident ids from
     index 0), then every id is accessed against the policy in order
     (``lru``, ``lfu``, ``s3fifo``), or the radix tree matches and inserts the
-    sequence (``radix-level``, ``radix-lru``). See ``ReplayConfig`` for the
-    parameters. Raises ``ValueError``/``TypeError`` for bad parameters and
+    sequence (``radix-level``, ``radix-lru``). ``host_capacity > 0`` gives the
+    radix tree a host-memory tier of that many blocks (``RadixReplayer``):
+    blocks the device evicts wait there, and a request loads what it finds
+    there back (``ReplayResult.host_hit_tokens``). See ``ReplayConfig`` for the
+    parameters. Raises ``ValueError``/``TypeError`` for bad parameters (a
+    negative ``host_capacity``, or one > 0 with a flat policy, included) and
     ``TraceError`` for bad requests, before replaying anything.
 
     Complexity: O(total ids) time and memory, compiled, for the flat policies;
     the radix policies run the Python tree, O(total ids * log leaves).
     """
-    config = ReplayConfig(policy, capacity, block_size, small_ratio, max_freq)
+    config = ReplayConfig(policy, capacity, block_size, small_ratio, max_freq, host_capacity)
     trace = requests if isinstance(requests, Trace) else Trace.from_requests(requests)
     if config.policy in FLAT_POLICIES:
         hit_blocks, block_hits, resident = _run_flat(trace, config)
@@ -131,22 +222,36 @@ def replay(
         reach = policies_fast.reachable_mask(trace.ids, trace.offsets, resident)
         unreachable = final_cache_blocks - int(reach.sum())
         orphans = int(policies_fast.orphan_count(trace.ids, trace.offsets, resident))
+        host_hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
+        final_host_blocks = 0
+        cache_stats = None
     else:
-        hit_blocks, block_hits, final_cache_blocks, unreachable = radix_replay(
-            trace, config.policy, config.capacity
-        )
+        tiers = radix_replay_tiers(trace, config.policy, config.capacity, config.host_capacity)
+        hit_blocks, host_hit_blocks = tiers.hit_blocks, tiers.host_hit_blocks
+        block_hits = int(hit_blocks.sum())
+        final_cache_blocks, final_host_blocks = tiers.final_cache_blocks, tiers.final_host_blocks
+        unreachable = tiers.unreachable
+        cache_stats = tiers.stats
         orphans = 0  # the tree evicts leaves only: every resident block's parent is resident
     block_hits = int(block_hits)
+    host_block_hits = int(host_hit_blocks.sum())
+    lengths, bs = trace.input_lengths, config.block_size
+    hit_tokens = hit_tokens_for(hit_blocks, lengths, bs)
     return ReplayResult(
         config=config,
-        prompt_tokens=trace.input_lengths.copy(),
+        prompt_tokens=lengths.copy(),
         hit_blocks=hit_blocks,
-        hit_tokens=hit_tokens_for(hit_blocks, trace.input_lengths, config.block_size),
+        hit_tokens=hit_tokens,
         block_hits=block_hits,
-        block_misses=trace.num_accesses - block_hits,
+        block_misses=trace.num_accesses - block_hits - host_block_hits,
         final_cache_blocks=final_cache_blocks,
         unreachable_blocks=unreachable,
         orphan_blocks=orphans,
+        host_hit_blocks=host_hit_blocks,
+        host_hit_tokens=hit_tokens_for(hit_blocks + host_hit_blocks, lengths, bs) - hit_tokens,
+        host_block_hits=host_block_hits,
+        final_host_blocks=final_host_blocks,
+        cache_stats=cache_stats,
     )
 
 
