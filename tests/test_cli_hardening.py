@@ -145,6 +145,13 @@ def test_every_numeric_flag_rejects_minus_one(
     assert not (tmp_path / "o.csv").exists()
 
 
+def test_serve_refuses_a_host_tier_for_a_fleet(capsys) -> None:
+    argv = ["serve", "--replicas", "2", "--router", "exact", "--host-kv-blocks", "8"]
+    assert exit_code(argv) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("radixkv serve: error: --host-kv-blocks") and err.count("\n") == 1
+
+
 # ---------------------------------------------------------------- item 22: version, help
 def test_version(capsys) -> None:
     assert exit_code(["--version"]) == 0

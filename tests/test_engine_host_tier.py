@@ -241,3 +241,29 @@ def test_a_reload_that_ends_inside_a_node_equals_cache_off(model):
     assert out_b.stats.cached_tokens == 40
     assert engine.tier_stats().loaded_tokens == 40
     engine.check()
+
+
+def test_serving_engine_with_a_host_tier_and_events():
+    pytest.importorskip("fastapi")
+    from radixkv.serve.models import build_engine
+
+    engine = build_engine("random", num_blocks=16, events=True, host_kv_blocks=64)
+    assert engine.cache.host is not None and engine.cache.events_hasher is not None
+    a, b = [i % 200 + 1 for i in range(150)], [i % 190 + 3 for i in range(150)]
+    for prompt in (a, b, [*a, 7]):  # b does not fit beside a: a goes to the host, then back
+        engine.generate([prompt], SamplingParams(4))
+    mediums = {e.medium for e in engine.cache.take_events() if hasattr(e, "medium")}
+    assert mediums == {"GPU", "CPU"}  # the second prompt pushed the first to the host
+    assert engine.tier_stats().loaded_tokens > 0
+
+
+def test_a_cache_factory_cannot_take_a_host_tier_or_events(model):
+    from radixkv.cache.events import ChainHasher
+    from radixkv.cache.radix import RadixCache
+
+    with pytest.raises(ValueError, match="cache_factory"):
+        Engine(model, EngineConfig(host_kv_blocks=8), cache_factory=RadixCache)
+    with pytest.raises(ValueError, match="cache_factory"):
+        Engine(model, EngineConfig(), cache_factory=RadixCache, events=ChainHasher())
+    with pytest.raises(ValueError, match="KV events needs cache='radix'"):
+        Engine(model, EngineConfig(cache="hash"), events=ChainHasher())

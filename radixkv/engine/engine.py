@@ -26,6 +26,7 @@ import torch
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq
+from radixkv.cache.events import ChainHasher
 from radixkv.cache.eviction import EVICTION_ORDERS
 from radixkv.cache.host import WRITE_POLICIES, HostTier
 from radixkv.cache.null import NullCache
@@ -294,7 +295,10 @@ class Engine:
     kv) -> logits [num_seqs, vocab]`` and ``make_kv_pool(num_blocks,
     block_size, dtype, device)``. ``cache_factory`` (``allocator -> cache``)
     overrides ``config.cache`` with any object of the
-    :class:`~radixkv.cache.protocol.PrefixCache` surface.
+    :class:`~radixkv.cache.protocol.PrefixCache` surface (``ValueError`` with a
+    host tier in ``config``, which only the built-in radix cache has). ``events``
+    (a ``ChainHasher``) turns the radix cache's KV events on
+    (``engine.cache.take_events()``); ``ValueError`` for another cache.
     """
 
     def __init__(
@@ -303,8 +307,15 @@ class Engine:
         config: EngineConfig | None = None,
         tokenizer: object | None = None,
         cache_factory: Callable[[BlockAllocator], PrefixCache | None] | None = None,
+        *,
+        events: ChainHasher | None = None,
     ) -> None:
         self.config = cfg = config or EngineConfig()
+        if cache_factory is not None and (cfg.host_kv_blocks or events is not None):
+            raise ValueError(
+                "cache_factory builds its own cache: pass host_kv_blocks=0 and events=None "
+                "(or build the host tier and events into the factory's cache)"
+            )
         self.model = model
         self.tokenizer = tokenizer
         num_blocks = cfg.num_blocks
@@ -326,7 +337,7 @@ class Engine:
             cache = cache_factory(allocator)
             cache = NullCache(allocator) if cache is None else cache
         else:
-            cache = make_cache(cfg.cache, allocator, cfg.eviction, self._host_tier())
+            cache = make_cache(cfg.cache, allocator, cfg.eviction, self._host_tier(), events)
         if cache.allocator is not allocator:
             raise ValueError("cache_factory must build the cache over the allocator it is given")
         self.kv_manager = KVCacheManager(cache)

@@ -40,6 +40,7 @@ import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator, InvariantError
 from radixkv.cache.arrays import TokenSeq, as_token_array
+from radixkv.cache.events import ChainHasher
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.host import HostTier
 from radixkv.cache.null import NullCache
@@ -289,18 +290,20 @@ def make_cache(
     allocator: BlockAllocator,
     eviction: str = "level",
     host: HostTier | None = None,
+    events: ChainHasher | None = None,
 ) -> PrefixCache:
     """The cache named by ``kind`` over ``allocator``: a ``RadixCache`` (with ``eviction``
-    and, optionally, a ``host`` tier), a ``HashBlockCache`` (sha256, seed 0), or for None a
-    ``NullCache`` that caches nothing.
+    and, optionally, a ``host`` tier and KV ``events``), a ``HashBlockCache`` (sha256,
+    seed 0), or for None a ``NullCache`` that caches nothing.
 
-    ``ValueError`` for an unknown kind or eviction order, or a host tier on a cache
-    other than ``"radix"``.
+    ``ValueError`` for an unknown kind or eviction order, or a host tier or events on
+    a cache other than ``"radix"``.
     """
-    if host is not None and kind != "radix":
-        raise ValueError(f"a host tier needs cache='radix', got cache={kind!r}")
+    if (host is not None or events is not None) and kind != "radix":
+        what = "a host tier" if host is not None else "KV events"
+        raise ValueError(f"{what} needs cache='radix', got cache={kind!r}")
     if kind == "radix":
-        return RadixCache(allocator, eviction=eviction, host=host)
+        return RadixCache(allocator, eviction=eviction, host=host, events=events)
     if kind == "hash":
         return HashBlockCache(allocator, hash_seed=0)
     if kind is None:

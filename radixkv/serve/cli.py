@@ -59,6 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-num-seqs", type=positive_int, default=64, help="most requests batched at once"
     )
+    p.add_argument(
+        "--host-kv-blocks",
+        type=int_in(0, 2**31 - 1),
+        default=0,
+        help="blocks of a host-memory KV tier: evicted prefixes wait in CPU memory and "
+        "reload instead of recomputing (default: 0, none; one server, not a fleet)",
+    )
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="engine and weight seed")
     p.add_argument(
         "--served-model-name",
@@ -99,6 +106,7 @@ def run_serve(args: argparse.Namespace) -> int:
             num_blocks=args.num_blocks,
             seed=args.seed,
             max_num_seqs=args.max_num_seqs,
+            host_kv_blocks=args.host_kv_blocks,
         )
     except ValueError as exc:
         sock.close()
@@ -121,6 +129,8 @@ def run_serve(args: argparse.Namespace) -> int:
 def _run_fleet(args: argparse.Namespace) -> int:
     if args.router is None:
         return fail(PROG, "--replicas > 1 needs --router NAME")
+    if args.host_kv_blocks:
+        return fail(PROG, "--host-kv-blocks is for one server; a fleet's replicas have none yet")
     try:
         from radixkv.serve.fleet import serve_fleet
     except ImportError as exc:

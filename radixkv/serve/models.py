@@ -27,9 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.events import ChainHasher
-from radixkv.cache.radix import RadixCache
 from radixkv.engine.engine import Engine, EngineConfig
 from radixkv.model import SMALL_CONFIG, from_pretrained, random_model
 from radixkv.model.loading import load_gguf, open_gguf
@@ -294,6 +292,7 @@ def build_engine(
     events: bool = False,
     seed: int = 0,
     max_num_seqs: int = 64,
+    host_kv_blocks: int = 0,
 ) -> Engine:
     """An :class:`~radixkv.engine.Engine` over ``load_model(spec, seed=seed)``, with its
     tokenizer set (``engine.tokenizer``) and a radix cache.
@@ -301,18 +300,17 @@ def build_engine(
     ``num_blocks`` None sizes the pool from the engine's default KV memory.
     ``events=True`` builds the cache with KV events on (:func:`event_hasher`, seed
     0, so every replica names a block alike); ``engine.cache.take_events()``
-    returns them. ``ValueError`` naming ``spec`` (see :func:`load_model`) or the
-    bad setting.
+    returns them. ``host_kv_blocks`` > 0 adds a host-memory tier of that many
+    blocks (``EngineConfig.host_kv_blocks``). ``ValueError`` naming ``spec``
+    (see :func:`load_model`) or the bad setting.
     """
     config = EngineConfig(
-        block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs, seed=seed
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        seed=seed,
+        host_kv_blocks=host_kv_blocks,
     )
     model, tokenizer = load_model(spec, seed=seed)
-    factory = None
-    if events:
-        hasher = event_hasher()
-
-        def factory(allocator: BlockAllocator) -> RadixCache:
-            return RadixCache(allocator, eviction=config.eviction, events=hasher)
-
-    return Engine(model, config, tokenizer=tokenizer, cache_factory=factory)
+    hasher = event_hasher() if events else None
+    return Engine(model, config, tokenizer=tokenizer, events=hasher)
