@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ class _TrieNode:
         self.last_access = last_access
         self.hits = 0  # matches through it
         self.created = last_access
+        self.readmitted = False  # ghost: inserted where a deleted leaf was
 
 
 def radix_reference(requests: Requests, capacity: int, eviction: str):
@@ -63,13 +65,23 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
     used; ``lru``: least recently used; ``lfu``: fewest hits, then LRU; ``fifo``: oldest
     creation; ``priority``: all 0 in a replay, so LRU; ``lrfu``: last access plus 200 per
     hit for up to 3 hits, then last access; ``deep``: last access plus int(100 log2 depth)
-    plus, once hit, twice (last access - creation), then last access); ``insert`` touches
+    plus, once hit, twice (last access - creation), then last access; ``ghost``: lrfu with
+    600 per hit plus 1500 while readmitted, then last access); ``insert`` touches
     the path and hangs the new tokens under it as one leaf. Every match and insert ticks the
     clock; every node a match walks through (a split's head included) counts a hit.
+
+    ``ghost`` also keeps S3-FIFO's ghost: a deleted leaf is remembered by (its parent's
+    depth, its first token) with its length, oldest forgotten first beyond 4 x capacity
+    tokens; a new leaf whose (parent depth, first token) is remembered is readmitted
+    (forgetting the entry); readmitted tokens are capped at 0.75 x capacity, the oldest
+    readmission lapsing first (a split's head is readmitted after its tail); a leaf
+    deleted loses its readmission.
     """
     root = _TrieNode([], None, 0, 0)
     clock = 0
     cached = 0
+    ghost: OrderedDict = OrderedDict()  # (parent depth, first token) -> tokens
+    protected: OrderedDict = OrderedDict()  # id -> readmitted node, oldest first
 
     def key(node):
         last = node.last_access
@@ -80,6 +92,7 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
             "fifo": (node.created,),
             "priority": (0, last),
             "lrfu": (last + 200 * min(node.hits, 3), last),
+            "ghost": (last + 600 * min(node.hits, 3) + (1500 if node.readmitted else 0), last),
             "deep": (
                 last
                 + int(100 * math.log2(max(node.depth_end, 1)))
@@ -100,6 +113,9 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
         head.last_access = node.last_access
         head.hits = node.hits
         head.created = node.created
+        if node.readmitted:
+            head.readmitted = True
+            protected[id(head)] = head
         node.parent.children[head.tokens[0]] = head
         node.tokens = node.tokens[k:]
         node.parent = head
@@ -147,6 +163,13 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
             victim = min(leaves, key=key)
             del victim.parent.children[victim.tokens[0]]
             cached -= len(victim.tokens)
+            if eviction == "ghost":
+                protected.pop(id(victim), None)
+                ghost_key = (victim.parent.depth_end, victim.tokens[0])
+                ghost.pop(ghost_key, None)
+                ghost[ghost_key] = len(victim.tokens)
+                while sum(ghost.values()) > int(4.0 * capacity):
+                    ghost.popitem(last=False)
         got = min(need, capacity - cached)
         if got:
             clock += 1
@@ -156,6 +179,11 @@ def radix_reference(requests: Requests, capacity: int, eviction: str):
             leaf = _TrieNode(seq[matched : matched + got], parent, matched + got, clock)
             parent.children[seq[matched]] = leaf
             cached += got
+            if eviction == "ghost" and ghost.pop((parent.depth_end, seq[matched]), None):
+                leaf.readmitted = True
+                protected[id(leaf)] = leaf
+                while sum(len(n.tokens) for n in protected.values()) > int(0.75 * capacity):
+                    protected.popitem(last=False)[1].readmitted = False
     return hit_blocks, cached
 
 

@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv import BlockAllocator, RadixCache
-from radixkv.cache.eviction import EVICTION_ORDERS, DeepOrder, LrfuOrder
+from radixkv.cache.eviction import (
+    EVICTION_ORDERS,
+    DeepOrder,
+    GhostOrder,
+    LrfuOrder,
+    Readmission,
+)
 
 
 def cache_with(order, num_blocks: int = 16) -> tuple[RadixCache, BlockAllocator]:
@@ -109,6 +115,44 @@ def test_lrfu_gives_each_hit_a_bonus_up_to_max_hits() -> None:
     assert survivors(cache, [A, [7]]) == [True, False]
 
 
+def test_ghost_readmits_a_leaf_inserted_where_a_deleted_one_was() -> None:
+    cache, alloc = cache_with(GhostOrder(boost=0, bonus=100))
+    put(cache, alloc, [1, 2, 3])
+    put(cache, alloc, [1, 2, 9])
+    cache.evict(1)  # [3] is older: deleted, remembered as (depth 2, block 3)
+    assert survivors(cache, [[1, 2, 3], [1, 2, 9]]) == [False, True]
+    put(cache, alloc, [1, 2, 3, 4])  # the next turn: [3, 4] hangs where [3] was
+    for p in ([7], [8], [10]):  # newer, never seen
+        put(cache, alloc, p)
+    cache.evict(2)
+    assert survivors(cache, [[1, 2, 3, 4], [1, 2, 9], [7], [8]]) == [True, False, False, True]
+    cache.check()
+
+
+def test_ghost_readmissions_are_capped_and_the_oldest_lapses() -> None:
+    order = GhostOrder(boost=0, bonus=100, readmission=Readmission(protect_ratio=0.25))
+    cache, alloc = cache_with(order, num_blocks=16)  # at most 4 readmitted blocks
+    for p in ([1, 1, 1], [2, 2, 2]):
+        put(cache, alloc, p)
+    cache.evict(6)
+    put(cache, alloc, [1, 1, 1])  # readmitted: 3 blocks
+    put(cache, alloc, [2, 2, 2])  # readmitted: 6 > 4, so [1, 1, 1]'s lapses
+    assert [n.readmitted for n in cache._iter_nodes()].count(True) == 1
+    put(cache, alloc, [5])
+    cache.evict(1)  # [1, 1, 1] (lapsed, oldest) goes before the newer [5]
+    assert survivors(cache, [[1, 1, 1], [2, 2, 2], [5]]) == [False, True, True]
+    cache.check()
+
+
+@pytest.mark.parametrize("field", ["ghost_ratio", "protect_ratio"])
+@pytest.mark.parametrize("value", [-1, True, None, float("nan")])
+def test_readmission_checks_its_fields_by_name(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        Readmission(**{field: value})
+    with pytest.raises(ValueError, match="protect_ratio"):
+        Readmission(protect_ratio=1.5)
+
+
 def test_deep_keeps_a_deep_leaf_over_newer_shallow_ones() -> None:
     cache, alloc = cache_with(DeepOrder(depth_credit=10, span_weight=0))
     deep = list(range(1, 9))
@@ -140,6 +184,8 @@ def test_deep_credits_a_hit_leaf_with_twice_its_span_of_use() -> None:
         (LrfuOrder, "max_hits"),
         (DeepOrder, "depth_credit"),
         (DeepOrder, "span_weight"),
+        (GhostOrder, "boost"),
+        (GhostOrder, "bonus"),
     ],
 )
 @pytest.mark.parametrize("value", [-1, 1.5, True, None])

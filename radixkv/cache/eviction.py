@@ -30,13 +30,18 @@ Orders (``EVICTION_ORDERS``):
   has been hit, ``span_weight`` times the span it has been in use (last
   access minus creation). Deep leaves are long conversations and long
   documents; a long span of use is the self-scaling form of frequency.
+- ``ghost``: ``lrfu`` (boost 600) plus S3-FIFO's ghost: the tree remembers the
+  leaves it deletes and protects a leaf inserted where one was (``Readmission``),
+  up to a cap of the pool. The one order that needs the tree's help: it says
+  so with its ``readmission`` attribute, and the tree keeps the ghost.
 
 ``docs/replay.md`` ("Eviction orders on the Mooncake traces") has the
-measurements behind the ``lrfu`` and ``deep`` defaults.
+measurements behind the ``lrfu``, ``deep`` and ``ghost`` defaults.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import log2
 from typing import Protocol
 
@@ -45,12 +50,14 @@ __all__ = [
     "DeepOrder",
     "EvictionOrder",
     "FifoOrder",
+    "GhostOrder",
     "LeafView",
     "LevelOrder",
     "LfuOrder",
     "LrfuOrder",
     "LruOrder",
     "PriorityOrder",
+    "Readmission",
     "check_key",
     "make_eviction_order",
 ]
@@ -71,6 +78,8 @@ class LeafView(Protocol):
     def priority(self) -> int: ...
     @property
     def num_blocks(self) -> int: ...
+    @property
+    def readmitted(self) -> bool: ...
 
 
 class EvictionOrder(Protocol):
@@ -181,6 +190,68 @@ class DeepOrder:
         return (k, last)
 
 
+@dataclass(frozen=True)
+class Readmission:
+    """What an order asks of the tree to get S3-FIFO's ghost (``GhostOrder.readmission``).
+
+    The tree remembers the leaves it deletes, ``(parent depth, first block)`` in a FIFO
+    *ghost* of at most ``ghost_ratio * num_blocks`` blocks; a leaf inserted where a
+    remembered one was (a conversation's next turn re-inserting its evicted tail) is
+    *readmitted* (``LeafView.readmitted``) and the order protects it. At most
+    ``protect_ratio * num_blocks`` blocks are readmitted at once: past that, the oldest
+    readmission lapses. Without the cap, protection crowds out the working set of
+    traces where re-insertions are common.
+    """
+
+    ghost_ratio: float = 4.0
+    protect_ratio: float = 0.75
+
+    def __post_init__(self) -> None:
+        for name in ("ghost_ratio", "protect_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.protect_ratio > 1:
+            raise ValueError(f"protect_ratio must be <= 1, got {self.protect_ratio!r}")
+
+
+class GhostOrder:
+    """``lrfu`` plus S3-FIFO's ghost: a readmitted leaf gets ``bonus`` more ticks.
+
+    Key: last access, plus ``boost`` ticks per hit for the first ``max_hits``
+    hits, plus ``bonus`` while the leaf is readmitted (the tree's
+    ``Readmission`` mechanism, switched on by this order's ``readmission``
+    attribute). A conversation whose tail was evicted between turns comes back
+    protected, as S3-FIFO admits an id its ghost remembers straight to the main
+    queue; the cap on readmitted blocks is S3-FIFO's capacity-relative queue.
+    ``ValueError`` naming the argument for a bad value.
+    """
+
+    name = "ghost"
+
+    def __init__(
+        self,
+        boost: int = 600,
+        max_hits: int = 3,
+        bonus: int = 1500,
+        readmission: Readmission | None = None,
+    ) -> None:
+        _check_ints(boost=boost, max_hits=max_hits, bonus=bonus)
+        if readmission is None:
+            readmission = Readmission()
+        if not isinstance(readmission, Readmission):
+            raise ValueError(f"readmission must be a Readmission, got {readmission!r}")
+        self.boost = boost
+        self.max_hits = max_hits
+        self.bonus = bonus
+        self.readmission = readmission
+
+    def key(self, node: LeafView) -> tuple[int, ...]:
+        hits, last = node.hits, node.last_access
+        k = last + self.boost * (hits if hits < self.max_hits else self.max_hits)
+        return (k + self.bonus if node.readmitted else k, last)
+
+
 def _check_ints(**args: object) -> None:
     """``ValueError`` naming the first argument that is not an int >= 0 (bools refused)."""
     for arg, value in args.items():
@@ -196,6 +267,7 @@ EVICTION_ORDERS: dict[str, type] = {
     "priority": PriorityOrder,
     "lrfu": LrfuOrder,
     "deep": DeepOrder,
+    "ghost": GhostOrder,
 }
 
 

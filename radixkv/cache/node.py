@@ -30,7 +30,7 @@ class Node:
     ``last_access`` (logical clock of the last match or insert through it),
     ``depth_end``, ``hits`` (matches through it), ``created`` (clock at its
     insert; a split's head keeps it), ``priority`` (the highest an insert
-    through it gave) and ``num_blocks``.
+    through it gave), ``num_blocks`` and ``readmitted``.
     """
 
     __slots__ = (
@@ -48,6 +48,7 @@ class Node:
         "pinned",
         "host",
         "host_entry",
+        "readmitted",
     )
 
     def __init__(
@@ -79,6 +80,8 @@ class Node:
         # keep ``blocks == b""`` and always have a host copy.
         self.host: bytes | None = None
         self.host_entry: tuple | None = None
+        # Inserted where the ghost remembered a deleted leaf (eviction.Readmission)
+        self.readmitted = False
 
     @property
     def num_blocks(self) -> int:

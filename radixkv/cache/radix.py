@@ -41,6 +41,7 @@ split, evict and reset paths.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from dataclasses import replace
 
@@ -163,6 +164,15 @@ class RadixCache:
         # (namespace key, the full-block bytes pin() was given) -> pinned prefix lengths in
         # bytes, one per pin() not yet undone
         self._pins: dict[tuple[Hashable, bytes], list[int]] = {}
+        # S3-FIFO's ghost, for an order that asks for it (eviction.Readmission)
+        self._readmit = getattr(self._order, "readmission", None)
+        if self._readmit is not None:
+            self._ghost: OrderedDict[tuple[int, bytes], int] = OrderedDict()
+            self._ghost_blocks = 0
+            self._ghost_cap = int(self._readmit.ghost_ratio * allocator.num_blocks)
+            self._protected: OrderedDict[int, _Node] = OrderedDict()  # id -> readmitted node
+            self._protected_blocks = 0
+            self._protect_cap = int(self._readmit.protect_ratio * allocator.num_blocks)
         self._host = host
         if host is not None:
             self._host_alloc = host.allocator
@@ -469,7 +479,11 @@ class RadixCache:
                 if node.children is _NO_CHILDREN:
                     node.children = {}
                 node.children[data[:bb]] = leaf
+                if self._readmit is not None:
+                    self._readmit_leaf(node, leaf)
                 self._index(leaf)
+                if leaf.readmitted:
+                    self._enforce_protect_cap()
                 if self._host is not None and self._write_through and not self._write_through_hits:
                     self._backup(leaf)
             self._alloc.incref_distinct(new)
@@ -616,6 +630,9 @@ class RadixCache:
                     continue
                 node.entry = None
                 parent = node.parent
+                if self._readmit is not None:
+                    self._unprotect(node)
+                    self._remember(parent, node)
                 del parent.children[node.key[:bb]]  # a parent's children are a dict
                 node.parent = None
                 freed += alloc.decref_distinct(ids)
@@ -654,6 +671,11 @@ class RadixCache:
         self._num_cached = 0
         self._pins.clear()
         self._num_pinned = 0
+        if self._readmit is not None:
+            self._ghost.clear()
+            self._ghost_blocks = 0
+            self._protected.clear()
+            self._protected_blocks = 0
 
     # ------------------------------------------------------------- host tier
     def load(
@@ -841,6 +863,10 @@ class RadixCache:
         if node.host is None and not self._write_through and not self._backup(node):
             self._stats.skipped_backup_blocks += n
         node.entry = None
+        if self._readmit is not None:
+            self._unprotect(node)  # protection is for device blocks
+            if node.host is None:
+                self._remember(node.parent, node)
         freed = self._alloc.decref_distinct(ids)
         kernels.set_flags(self._held, ids, False)
         self._num_cached -= n
@@ -990,6 +1016,72 @@ class RadixCache:
         invariant(self._host.used_blocks <= halloc.num_blocks, "host usage passed its capacity")
         halloc.check()
 
+    # ------------------------------------------------------------- readmission
+    def _remember(self, parent: _Node, node: _Node) -> None:
+        """Put deleted leaf ``node`` (under ``parent``) in the ghost; drop its oldest entries."""
+        key = (parent.depth_end, node.key[: self._block_bytes])
+        ghost = self._ghost
+        old = ghost.pop(key, None)
+        if old is not None:
+            self._ghost_blocks -= old
+        n = node.num_blocks
+        ghost[key] = n
+        self._ghost_blocks += n
+        while self._ghost_blocks > self._ghost_cap and ghost:
+            self._ghost_blocks -= ghost.popitem(last=False)[1]
+
+    def _readmit_leaf(self, parent: _Node, leaf: _Node) -> None:
+        """Readmit new ``leaf`` if the ghost remembers a leaf deleted from its place."""
+        n = self._ghost.pop((parent.depth_end, leaf.key[: self._block_bytes]), None)
+        if n is None:
+            return
+        self._ghost_blocks -= n
+        leaf.readmitted = True
+        self._protected[id(leaf)] = leaf
+        self._protected_blocks += leaf.num_blocks
+
+    def _unprotect(self, node: _Node) -> None:
+        if node.readmitted:
+            node.readmitted = False
+            del self._protected[id(node)]
+            self._protected_blocks -= node.num_blocks
+
+    def _enforce_protect_cap(self) -> None:
+        """Lapse the oldest readmissions until the readmitted blocks fit the cap.
+
+        A lapse lowers the node's key, which a touch never does, so a leaf is
+        re-filed at once. Complexity: O(log leaves) per lapse.
+        """
+        protected = self._protected
+        while self._protected_blocks > self._protect_cap and protected:
+            _, node = protected.popitem(last=False)
+            node.readmitted = False
+            self._protected_blocks -= node.num_blocks
+            if node.entry is not None:
+                self._forget_entry(node)
+                self._index(node)
+
+    def _check_readmission(self) -> None:
+        """Readmitted nodes are exactly the protected queue's, on the device, within the cap;
+        the ghost's block count is its entries' and within its bound."""
+        flagged = [n for n in self._iter_nodes() if n.readmitted]
+        if self._readmit is None:
+            invariant(not flagged, "a node is readmitted by an order without a ghost")
+            return
+        protected = self._protected
+        invariant(
+            len(flagged) == len(protected) and all(protected.get(id(n)) is n for n in flagged),
+            "readmitted nodes and the protected queue disagree",
+        )
+        invariant(all(n.blocks for n in flagged), "a readmitted node is not on the device")
+        blocks = sum(n.num_blocks for n in flagged)
+        invariant(blocks == self._protected_blocks, "readmitted blocks miscounted")
+        invariant(blocks <= self._protect_cap, "readmitted blocks passed their cap")
+        invariant(
+            sum(self._ghost.values()) == self._ghost_blocks <= self._ghost_cap,
+            "the ghost's block count is off or past its bound",
+        )
+
     # ------------------------------------------------------------- internals
     def _chain_start(self, node: _Node) -> tuple[bytes, bytes | None, tuple | None]:
         """Where a chain below ``node`` starts: (parent digest to hash from, event parent, extra).
@@ -1091,6 +1183,9 @@ class RadixCache:
             node.digests = digests[dcut:]
         node.parent = head
         head.children = {node.key[:bb]: node}
+        if node.readmitted:  # both halves stay readmitted; the blocks' count is unchanged
+            head.readmitted = True
+            self._protected[id(head)] = head
         host = node.host
         if host is not None:  # a host copy splits at the same boundary as the blocks
             head.host = host[: k * _ID_BYTES]
@@ -1221,6 +1316,7 @@ class RadixCache:
             if node.pinned:
                 pinned_blocks += node.num_blocks
         invariant(pinned_blocks == self._num_pinned, "pinned_blocks count is off")
+        self._check_readmission()
         invariant(self._num_pinned <= self._max_pinned, "pins passed max_pinned_blocks")
         dead = sum(1 for e in self._leaves if e[-1].entry is not e)
         invariant(dead == self._num_dead, "dead leaf-index entries miscounted")

@@ -65,7 +65,7 @@ class EngineConfig:
       (:class:`~radixkv.HashBlockCache`) or None (no caching: a ``NullCache``).
     - ``eviction``: the radix cache's eviction order, a name in
       ``radixkv.cache.eviction.EVICTION_ORDERS`` (``"level"``, ``"lru"``, ``"lfu"``,
-      ``"fifo"``, ``"priority"``, ``"lrfu"``, ``"deep"``).
+      ``"fifo"``, ``"priority"``, ``"lrfu"``, ``"deep"``, ``"ghost"``).
     - ``kv_dtype`` / ``device``: of the pool; None takes the model's.
     - ``seed``: requests sampled without a seed of their own draw theirs from
       this and their arrival order in the engine, so a fresh engine repeats

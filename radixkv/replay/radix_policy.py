@@ -5,7 +5,7 @@ Each dense hash id is one token of a ``RadixCache`` over a
 are the cache's blocks and its prefix-closed eviction is the policy:
 ``"radix-<order>"`` for every order in ``radixkv.cache.eviction.EVICTION_ORDERS``
 (``radix-lru``, ``radix-level``, ``radix-lfu``, ``radix-fifo``,
-``radix-priority``, ``radix-lrfu``, ``radix-deep``).
+``radix-priority``, ``radix-lrfu``, ``radix-deep``, ``radix-ghost``).
 
 With ``host_capacity > 0`` the tree gets a host-memory tier
 (``radixkv.cache.host.HostTier`` over a ``BlockAllocator(host_capacity, 1)``,
