@@ -84,6 +84,17 @@ class KVCopier:
         shape = (device.block_size, device.num_kv_heads, device.head_dim)
         self._dev = [t.view(-1, *shape) for t in (*device.k, *device.v)]
         self._host = [t.view(-1, *shape) for t in (*host.k, *host.v)]
+        # One reused gather buffer (CPU): a fresh temporary per layer and call moves glibc's
+        # malloc thresholds, the heap gets trimmed, and the model's own activations then
+        # page-fault back in (measured: ~5% slower forwards with no reuse at all).
+        self._scratch = torch.empty((0, *shape), dtype=device.dtype)
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """The first ``n`` rows of the reused CPU gather buffer (grown by doubling)."""
+        if self._scratch.shape[0] < n:
+            rows = max(n, 2 * self._scratch.shape[0])
+            self._scratch = torch.empty((rows, *self._scratch.shape[1:]), dtype=self._scratch.dtype)
+        return self._scratch[:n]
 
     def backup(self, device: np.ndarray, host: np.ndarray) -> None:
         """Copy device blocks ``device[i]`` to host blocks ``host[i]``; returns once complete."""
@@ -93,8 +104,9 @@ class KVCopier:
         didx = self._index(device, self.device_pool.device)
         hidx = self._index(host, self.host_pool.device)
         if self._stream is None:
+            buf = self._rows(len(device))
             for d, h in zip(self._dev, self._host, strict=True):
-                h.index_copy_(0, hidx, d.index_select(0, didx))
+                h.index_copy_(0, hidx, torch.index_select(d, 0, didx, out=buf))
         else:
             stream = self._stream
             stream.wait_stream(torch.cuda.current_stream(self.device_pool.device))
@@ -114,8 +126,9 @@ class KVCopier:
         didx = self._index(device, self.device_pool.device)
         hidx = self._index(host, self.host_pool.device)
         if self._stream is None:
+            buf = self._rows(len(device))
             for d, h in zip(self._dev, self._host, strict=True):
-                d.index_copy_(0, didx, h.index_select(0, hidx))
+                d.index_copy_(0, didx, torch.index_select(h, 0, hidx, out=buf))
         else:
             stream = self._stream
             compute = torch.cuda.current_stream(self.device_pool.device)
