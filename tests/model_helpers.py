@@ -31,6 +31,19 @@ DEVICES = [
 ]
 
 
+# The engine suites' tiny decoder: 2 layers, hidden 64, vocabulary 256 (GQA: 4 heads, 2 KV).
+ENGINE_CONFIG = ModelConfig(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+)
+
+
 def on_device(model: Decoder, device: str) -> Decoder:
     """``model`` itself on the CPU, else a copy moved to ``device`` (the original stays put)."""
     return model if device == "cpu" else copy.deepcopy(model).to(device)

@@ -13,26 +13,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_helpers import DEVICES, on_device
+from model_helpers import DEVICES, ENGINE_CONFIG, on_device
 
 from radixkv.engine import Engine, EngineConfig, EngineStats
 from radixkv.engine.request import SamplingParams
-from radixkv.model import DECODER_BACKENDS, ModelConfig, random_model
+from radixkv.model import DECODER_BACKENDS, random_model
 from radixkv.model.kvpool import KVPool
 from radixkv.workloads import ChatWorkload, IdealPrefill
 
 torch.set_num_threads(1)
 
-CFG = ModelConfig(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-)
+CFG = ENGINE_CONFIG
 
 
 @pytest.fixture(autouse=True)

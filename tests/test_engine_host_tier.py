@@ -14,25 +14,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_helpers import DEVICES, ENGINE_CONFIG, on_device
 
 from radixkv.engine import Engine, EngineConfig, SamplingParams
-from radixkv.model import ModelConfig, random_model
+from radixkv.model import random_model
 from radixkv.model.kv_copy import KVCopier
 from radixkv.model.kvpool import KVPool
-from tests.model_helpers import DEVICES, on_device
 
 torch.set_num_threads(1)
 
-CFG = ModelConfig(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-)
+CFG = ENGINE_CONFIG
 
 
 @pytest.fixture(scope="module")

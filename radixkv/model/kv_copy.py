@@ -96,6 +96,18 @@ class KVCopier:
             self._scratch = torch.empty((rows, *self._scratch.shape[1:]), dtype=self._scratch.dtype)
         return self._scratch[:n]
 
+    def _copy_rows(
+        self,
+        src: list[torch.Tensor],
+        sidx: torch.Tensor,
+        dst: list[torch.Tensor],
+        didx: torch.Tensor,
+    ) -> None:
+        """CPU copies: per layer, rows ``sidx`` of ``src`` to rows ``didx`` of ``dst``."""
+        buf = self._rows(len(sidx))
+        for s, d in zip(src, dst, strict=True):
+            d.index_copy_(0, didx, torch.index_select(s, 0, sidx, out=buf))
+
     def backup(self, device: np.ndarray, host: np.ndarray) -> None:
         """Copy device blocks ``device[i]`` to host blocks ``host[i]``; returns once complete."""
         if not len(device):
@@ -104,9 +116,7 @@ class KVCopier:
         didx = self._index(device, self.device_pool.device)
         hidx = self._index(host, self.host_pool.device)
         if self._stream is None:
-            buf = self._rows(len(device))
-            for d, h in zip(self._dev, self._host, strict=True):
-                h.index_copy_(0, hidx, torch.index_select(d, 0, didx, out=buf))
+            self._copy_rows(self._dev, didx, self._host, hidx)
         else:
             stream = self._stream
             stream.wait_stream(torch.cuda.current_stream(self.device_pool.device))
@@ -126,9 +136,7 @@ class KVCopier:
         didx = self._index(device, self.device_pool.device)
         hidx = self._index(host, self.host_pool.device)
         if self._stream is None:
-            buf = self._rows(len(device))
-            for d, h in zip(self._dev, self._host, strict=True):
-                d.index_copy_(0, didx, torch.index_select(h, 0, hidx, out=buf))
+            self._copy_rows(self._host, hidx, self._dev, didx)
         else:
             stream = self._stream
             compute = torch.cuda.current_stream(self.device_pool.device)
