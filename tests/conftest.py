@@ -1,4 +1,9 @@
-"""Shared test setup: hypothesis profiles.
+"""Shared test setup: Triton's interpreter on machines without a GPU, hypothesis profiles.
+
+- Without CUDA, ``TRITON_INTERPRET=1`` is set before any test imports the
+  ``triton`` backend's kernels, so they run (slowly, on tiny shapes) on the CPU
+  and every test parametrized over the decoder backends checks them too. With a
+  GPU they compile for it, and the CPU-device cases of that backend are skipped.
 
 - ``ci`` (default): enough examples to catch regressions within the suite's time budget.
 - ``deep``: many more examples; run by hand before a release:
@@ -7,7 +12,11 @@
 
 import os
 
+import torch
 from hypothesis import HealthCheck, settings
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "ci",

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from radixkv.model import Decoder, ModelConfig
-from radixkv.model.forward_batch import ForwardBatch
+from radixkv.model import DECODER_BACKENDS, Decoder, ModelConfig
+from radixkv.model.forward_batch import ForwardBatch, triton_backend_runs_on
 
 # Tests that take a ``device`` run on the CPU always and on CUDA when a GPU is visible;
 # ``pytest -m cuda`` selects the GPU half.
@@ -42,6 +42,17 @@ ENGINE_CONFIG = ModelConfig(
     head_dim=16,
     rope_theta=10000.0,
 )
+
+
+# The decoder backends that can run on the CPU here: ``triton`` needs Triton's
+# interpreter there (conftest turns it on where no GPU is visible).
+CPU_BACKENDS = [b for b in DECODER_BACKENDS if b != "triton" or triton_backend_runs_on("cpu")]
+
+
+def skip_unless_runs(backend: str, device: str) -> None:
+    """Skip the calling test when ``backend`` cannot run on ``device`` here."""
+    if backend == "triton" and not triton_backend_runs_on(device):
+        pytest.skip(f"the triton backend does not run on {device} here")
 
 
 def on_device(model: Decoder, device: str) -> Decoder:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_helpers import DEVICES, ENGINE_CONFIG, on_device
+from model_helpers import CPU_BACKENDS, DEVICES, ENGINE_CONFIG, on_device, skip_unless_runs
 
 from radixkv.engine import Engine, EngineConfig, EngineStats
 from radixkv.engine.request import SamplingParams
@@ -49,7 +49,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def backends():
-    return {b: random_model(CFG, seed=0, attention_backend=b) for b in DECODER_BACKENDS}
+    return {b: random_model(CFG, seed=0, attention_backend=b) for b in CPU_BACKENDS}
 
 
 def run_chat(engine: Engine, wl: ChatWorkload, params: SamplingParams):
@@ -124,6 +124,7 @@ def test_greedy_outputs_with_cache_equal_cache_off(model, scenario, device):
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_every_backend_with_cache_equals_loop_without(scenario, backend, device):
     """Each attention backend, fed by either cache, gives loop's cache-off greedy tokens."""
+    skip_unless_runs(backend, device)
     kwargs, wl, _ = SCENARIOS[scenario]
     params = SamplingParams(max_new_tokens=16)
     loop = random_model(CFG, seed=0, attention_backend="loop").to(device)
@@ -143,7 +144,7 @@ def test_every_backend_with_cache_equals_loop_without(scenario, backend, device)
     budget=st.integers(4, 96),
     pool_tokens=st.integers(80, 600),
     policy=st.sampled_from(["fcfs", "lpm"]),
-    backend=st.sampled_from(DECODER_BACKENDS),
+    backend=st.sampled_from(CPU_BACKENDS),
 )
 def test_random_workloads_cache_on_equals_off(
     backends, seed, bs, budget, pool_tokens, policy, backend

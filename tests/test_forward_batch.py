@@ -7,10 +7,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_helpers import DEVICES
+from model_helpers import CPU_BACKENDS, DEVICES
 
 from radixkv.model import DECODER_BACKENDS, ForwardBatch
 from radixkv.model.attention import ATTENTION_BACKENDS, AttentionMetadata
+from radixkv.model.forward_batch import triton_backend_runs_on
 
 torch.set_num_threads(1)
 
@@ -102,9 +103,18 @@ def test_inputs_are_copied() -> None:
     assert batch.slot_mapping.tolist() == [20, 21, 22, 23, 8, 9]
 
 
-@pytest.mark.parametrize("backend", DECODER_BACKENDS)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_every_backend_gets_its_metadata(backend: str) -> None:
     batch = _build([1, 2, 3], [2, 1], [9, 9], [[0, 1, 2], [0, 1, 3]], backend=backend)
+    assert batch.group_size == 3
+    if backend == "triton":
+        kernel = batch.kernel
+        assert batch.attention is None and kernel is not None
+        assert kernel.query_starts.tolist() == [0, 2] and kernel.query_lens.tolist() == [2, 1]
+        assert kernel.context_lens.tolist() == [9, 9]
+        assert kernel.block_tables.tolist() == [[0, 1, 2], [0, 1, 3]]
+        assert kernel.max_query_len == 2 and kernel.max_splits == 1
+        return
     meta = batch.attention
     assert meta.backend == ("loop" if backend == "cascade" else backend)
     assert meta.group_size == 3 and meta.query_lens == [2, 1] and meta.context_lens == [9, 9]
@@ -139,13 +149,21 @@ def test_metadata_alone_equals_the_batch_s(backend: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_everything_lands_on_the_device(device: str) -> None:
     for backend in DECODER_BACKENDS:
+        if backend == "triton" and not triton_backend_runs_on(device):
+            continue
         batch = _build(
             [1, 2, 3], [1, 2], [9, 11], [[0, 1, 2], [0, 1, 3]], backend=backend, device=device
         )
-        meta = batch.attention
         tensors = [batch.input_ids, batch.positions, batch.slot_mapping, batch.last_token_index]
-        tensors += [t for t in (meta.ctx_blocks, meta.pad_slots, meta.pad_mask) if t is not None]
-        tensors += [t for t in (meta.ctx_slots, meta.varlen_mask) if t is not None]
+        meta, kernel = batch.attention, batch.kernel
+        if meta is not None:
+            tensors += [
+                t for t in (meta.ctx_blocks, meta.pad_slots, meta.pad_mask) if t is not None
+            ]
+            tensors += [t for t in (meta.ctx_slots, meta.varlen_mask) if t is not None]
+        if kernel is not None:
+            tensors += [kernel.query_starts, kernel.query_lens, kernel.context_lens]
+            tensors.append(kernel.block_tables)
         if batch.cascade is not None:
             tensors.append(batch.cascade.gather_blocks)
         assert all(t.device.type == device for t in tensors), backend
@@ -175,7 +193,7 @@ def test_slot_mapping_equals_a_per_position_brute_force(block_size: int, data) -
         )
         qls.append(q)
         cls_.append(c)
-    backend = data.draw(st.sampled_from(DECODER_BACKENDS))
+    backend = data.draw(st.sampled_from(CPU_BACKENDS))
     ids = list(range(sum(qls)))
     batch = ForwardBatch.build(
         ids, qls, cls_, tables, block_size=block_size, num_blocks=num_blocks,

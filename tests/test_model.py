@@ -10,12 +10,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_helpers import (
+    CPU_BACKENDS,
     DEVICES,
     GQA,
     TOL,
     PagedSession,
     check_against_dense,
     paged_greedy,
+    skip_unless_runs,
 )
 
 from radixkv.model import DECODER_BACKENDS, Decoder, preferred_attention_backend, random_model
@@ -44,6 +46,7 @@ def _seqs(n: int, lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
 @pytest.mark.parametrize("backend", DECODER_BACKENDS)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_paged_matches_dense_mixed_steps(name: str, backend: str, device: str) -> None:
+    skip_unless_runs(backend, device)
     model = random_model(CONFIGS[name], seed=1, attention_backend=backend).to(device)
     s = PagedSession(model, block_size=4, num_blocks=48, seed=2)
     for sid, toks in enumerate(_seqs(3, [23, 9, 14], 97, seed=3)):
@@ -86,7 +89,7 @@ def test_paged_result_independent_of_blocks() -> None:
     block_size=st.sampled_from([1, 2, 3, 8]),
     lengths=st.lists(st.integers(1, 20), min_size=1, max_size=4),
     chunk_seed=st.integers(0, 2**16),
-    backend=st.sampled_from(DECODER_BACKENDS),
+    backend=st.sampled_from(CPU_BACKENDS),
 )
 def test_paged_matches_dense_property(
     block_size: int, lengths: list[int], chunk_seed: int, backend: str
@@ -123,7 +126,7 @@ def test_gather_workspace_reuses_grows_and_follows_dtype() -> None:
     assert k_wide.shape == (3, 3, 8)
 
 
-@pytest.mark.parametrize("backend", DECODER_BACKENDS)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_workspace_gives_the_same_bits_as_fresh_tensors(backend: str) -> None:
     """Steps that grow and shrink the gathered context: reused buffers change nothing."""
     with_ws = random_model(GQA, seed=11, attention_backend=backend)
@@ -209,7 +212,7 @@ def test_backend_for_names_the_batch_backend() -> None:
     assert auto.backend_for(torch.device("cuda")) == preferred_attention_backend("cuda")
 
 
-@pytest.mark.parametrize("backend", DECODER_BACKENDS)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_the_batch_backend_runs_whatever_the_model_default(backend: str) -> None:
     """A batch carries its backend's metadata: any decoder runs it, to the same logits."""
     model = random_model(GQA, seed=2, attention_backend="loop")

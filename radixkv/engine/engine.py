@@ -1,8 +1,9 @@
 """Engine: a continuous-batching generation loop over a paged decoder and a prefix cache.
 
 ``step()`` is three moves: the scheduler picks this step's tokens (plain ints),
-the model runs them (block ids become tensors only here, in
-:func:`build_forward_batch`), and the scheduler books the sampled tokens.
+the model runner runs them (block ids become tensors only there, in
+:func:`build_forward_batch` or a CUDA graph's static buffers:
+:mod:`radixkv.engine.model_runner`), and the scheduler books the sampled tokens.
 
 >>> from radixkv.model import ModelConfig, random_model
 >>> cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
@@ -33,6 +34,12 @@ from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
 from radixkv.cache.results import CacheStats
 from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
+from radixkv.engine.model_runner import (
+    EagerRunner,
+    GraphRunner,
+    build_forward_batch,
+    make_model_runner,
+)
 from radixkv.engine.request import FinishReason, Request, RequestStats, SamplingParams
 from radixkv.engine.scheduler import (
     ADMISSION_POLICIES,
@@ -40,7 +47,6 @@ from radixkv.engine.scheduler import (
     SchedulerConfig,
     SchedulerOutput,
 )
-from radixkv.model.forward_batch import ForwardBatch
 from radixkv.model.kv_copy import KVCopier, register_host_memory
 from radixkv.model.kvpool import KVPool
 
@@ -77,6 +83,12 @@ class EngineConfig:
     - ``poison_freed_kv``: a debug mode: device blocks the cache frees are
       filled with NaN (``radixkv.model.kv_copy.KVCopier``), so a copy or read
       after a free shows up as a wrong output. Needs a host tier.
+    - ``cuda_graphs``: on a CUDA pool with the ``triton`` attention backend,
+      capture decode steps as CUDA graphs at start-up (batch sizes 1, 2, 4, 8,
+      16, ... up to ``max_num_seqs``; ``radixkv.model.cuda_graphs``) and replay
+      them; elsewhere, or False, every step runs eagerly. Decode steps whose
+      longest context exceeds ``cuda_graph_max_context`` tokens run eagerly too
+      (it fixes the graphs' block-table width).
 
     Every field is checked at construction: ``TypeError``/``ValueError`` naming
     the field and the value.
@@ -97,9 +109,17 @@ class EngineConfig:
     host_write_policy: str = "write_back"
     host_write_through_hits: int = 2
     poison_freed_kv: bool = False
+    cuda_graphs: bool = True
+    cuda_graph_max_context: int = 4096
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_memory_bytes", "max_num_batched_tokens", "max_num_seqs"):
+        for name in (
+            "block_size",
+            "kv_memory_bytes",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "cuda_graph_max_context",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -139,6 +159,8 @@ class EngineConfig:
             )
         if not isinstance(self.poison_freed_kv, bool):
             raise ValueError(f"poison_freed_kv must be a bool, got {self.poison_freed_kv!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
         if self.poison_freed_kv and not self.host_kv_blocks:
             raise ValueError("poison_freed_kv needs a host tier (host_kv_blocks > 0)")
 
@@ -256,38 +278,6 @@ class TierStats:
         )
 
 
-def build_forward_batch(
-    out: SchedulerOutput,
-    kv: KVCacheManager,
-    device: torch.device,
-    *,
-    backend: str,
-    group_size: int,
-) -> ForwardBatch:
-    """The batch the model runs for ``out``, on ``device`` (see :meth:`ForwardBatch.build`).
-
-    Each sequence's block table is its request's in ``kv``, so cached positions
-    (the matched blocks at the head of the table) are read from the cache's
-    blocks; ``block_size``/``num_blocks`` are ``kv``'s (the pool's). ``backend``
-    and ``group_size`` are the model's (``Decoder.backend_for``,
-    ``ModelConfig.group_size``). Raises ``ValueError`` if ``out`` is inconsistent
-    (a table too short, a block outside the pool). Reads ``kv``, never mutates it.
-    Complexity: O(num_tokens + total context / block_size).
-    """
-    seqs = out.seqs
-    return ForwardBatch.build(
-        np.concatenate([s.request.tokens[s.start : s.stop] for s in seqs]),
-        [s.num_new_tokens for s in seqs],
-        [s.stop for s in seqs],
-        [kv.block_table(s.request.request_id) for s in seqs],
-        block_size=kv.block_size,
-        num_blocks=kv.allocator.num_blocks,
-        backend=backend,
-        group_size=group_size,
-        device=device,
-    )
-
-
 class Engine:
     """Generates from token-id prompts (or text, given a tokenizer) with continuous batching.
 
@@ -350,6 +340,13 @@ class Engine:
                 # waiting for a running request's prefill only pays when its blocks get cached
                 wait_for_shared_prefill=cfg.cache is not None or cache_factory is not None,
             ),
+        )
+        self.runner: EagerRunner | GraphRunner = make_model_runner(
+            model,
+            self.kv,
+            cuda_graphs=cfg.cuda_graphs,
+            max_num_seqs=cfg.max_num_seqs,
+            max_context_len=cfg.cuda_graph_max_context,
         )
         self.num_steps = 0
         self.num_failed_steps = 0
@@ -481,14 +478,7 @@ class Engine:
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
         try:
-            batch = build_forward_batch(
-                out,
-                self.kv_manager,
-                self.kv.device,
-                backend=self.model.backend_for(self.kv.device),
-                group_size=self.model.config.group_size,
-            )
-            logits = self.model.forward(batch, self.kv)
+            logits = self.runner.forward(out, self.kv_manager)
             next_tokens = self._sample(out, logits)
             finished = self.scheduler.postprocess(out, next_tokens)
         except Exception as exc:  # noqa: BLE001 - one bad step must not wedge the engine
@@ -520,23 +510,29 @@ class Engine:
         """One token per sequence that reached its last token (None for mid-prefill chunks).
 
         Appends each picked token's log-probability to its request's ``logprobs``.
+        Greedy picks and their log-probabilities come back in one device-to-host
+        copy, the step's only wait for the device (a sampled request adds its own).
         """
-        rows = [k for k, seq in enumerate(out.seqs) if seq.samples]
-        tokens: list[int | None] = [None] * len(out.seqs)
-        if not rows:
+        seqs = out.seqs
+        tokens: list[int | None] = [None] * len(seqs)
+        if not any(s.samples for s in seqs):
             return tokens
-        sel = logits[rows].float()
-        logp = torch.log_softmax(sel, dim=-1)
-        picks = sel.argmax(dim=-1)  # ties go to the lowest id
-        for j, k in enumerate(rows):
-            req = out.seqs[k].request
-            if not req.params.greedy:
-                picks[j] = self._sample_one(req, sel[j])
-        picked = picks.tolist()
-        chosen = logp.gather(1, picks[:, None])[:, 0].tolist()
-        for j, k in enumerate(rows):
-            tokens[k] = picked[j]
-            out.seqs[k].request.logprobs.append(chosen[j])
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        picks = logits.argmax(dim=-1)  # ties go to the lowest id
+        chosen = logp.gather(1, picks[:, None])[:, 0]
+        host = torch.stack([picks.double(), chosen.double()]).cpu()
+        picked, chosen_lp = host[0].long().tolist(), host[1].tolist()
+        for k, seq in enumerate(seqs):
+            if not seq.samples:
+                continue
+            req = seq.request
+            if req.params.greedy:
+                token, lp = picked[k], chosen_lp[k]
+            else:
+                token = self._sample_one(req, logits[k])
+                lp = float(logp[k, token])
+            tokens[k] = token
+            req.logprobs.append(lp)
         return tokens
 
     def _sample_one(self, req: Request, row: torch.Tensor) -> int:

@@ -253,10 +253,9 @@ class Decoder(nn.Module):
                 f"batch was built for a pool of num_blocks={batch.num_blocks}, "
                 f"block_size={batch.block_size}; got {kv!r}"
             )
-        if batch.attention.group_size != c.group_size:
+        if batch.group_size != c.group_size:
             raise ValueError(
-                f"batch was built for group_size={batch.attention.group_size}, "
-                f"the model has {c.group_size}"
+                f"batch was built for group_size={batch.group_size}, the model has {c.group_size}"
             )
         if not batch.device == kv.device == self.device:
             raise ValueError(
@@ -265,15 +264,21 @@ class Decoder(nn.Module):
             )
         x = self.embed_tokens(batch.input_ids)
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, x.dtype)
-        meta, plan, ws = batch.attention, batch.cascade, self.gather_workspace
+        meta, plan, kernel = batch.attention, batch.cascade, batch.kernel
+        ws = self.gather_workspace
         for i, layer in enumerate(self.layers):
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
-            kv.write(i, batch.slot_mapping, k, v)
             qi = q.to(kv.dtype)
-            if plan is None:
-                attn = paged_attention(qi, kv.k[i], kv.v[i], meta, ws)
+            if kernel is not None:
+                kernel.store(kv.k[i], kv.v[i], batch.slot_mapping, k, v)
+                attn = kernel.attend(qi, kv.k[i], kv.v[i])
             else:
-                attn = cascade_attention(qi, kv.k[i], kv.v[i], plan, ws)
+                kv.write(i, batch.slot_mapping, k, v)
+                assert meta is not None
+                if plan is None:
+                    attn = paged_attention(qi, kv.k[i], kv.v[i], meta, ws)
+                else:
+                    attn = cascade_attention(qi, kv.k[i], kv.v[i], plan, ws)
             x = self._block(layer, x, attn.to(x.dtype))
         return self._logits(x.index_select(0, batch.last_token_index))
 

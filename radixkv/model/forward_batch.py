@@ -10,8 +10,11 @@ token's K/V at its slot).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,11 +28,28 @@ from radixkv.model.attention import (
 from radixkv.model.cascade import CascadePlan, plan_cascade
 from radixkv.model.gather import indices_to_device
 
-__all__ = ["DECODER_BACKENDS", "ForwardBatch"]
+if TYPE_CHECKING:
+    from radixkv.model.triton_attention import TritonAttention
 
-# The paged backends plus cascade attention (radixkv.model.cascade), which reads the
-# prefix blocks that a step's sequences share once for all of them.
-DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade")
+__all__ = ["DECODER_BACKENDS", "ForwardBatch", "triton_backend_runs_on"]
+
+# The paged backends, cascade attention (radixkv.model.cascade), which reads the
+# prefix blocks that a step's sequences share once for all of them, and the Triton
+# kernels that read K/V in place through the block table (radixkv.model.triton_attention;
+# CUDA, or the CPU under TRITON_INTERPRET=1).
+DECODER_BACKENDS = (*ATTENTION_BACKENDS, "cascade", "triton")
+
+
+def triton_backend_runs_on(device: torch.device | str) -> bool:
+    """Whether the ``triton`` backend can run on ``device`` here.
+
+    Triton must be importable, and the device a CUDA GPU, or any device when
+    Triton's interpreter is on (``TRITON_INTERPRET=1``, read when the kernels are
+    first imported: set it before). Imports nothing. Complexity: O(1).
+    """
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return os.environ.get("TRITON_INTERPRET") == "1" or torch.device(device).type == "cuda"
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -76,9 +96,12 @@ class ForwardBatch:
     - ``context_lens``: per sequence, context length after this step
       (cached + earlier chunks + new tokens); attention reads positions
       ``[0, context_len)`` through the block table.
-    - ``block_size``/``num_blocks``: of the pool the batch was built for.
-    - ``attention``: the attention backend's index tensors; ``cascade``: the
-      shared-prefix plan when built for ``cascade`` and a group formed, else None.
+    - ``block_size``/``num_blocks``: of the pool the batch was built for;
+      ``group_size``: of the model (query heads per KV head).
+    - ``attention``: the paged backend's index tensors (None for ``triton``);
+      ``cascade``: the shared-prefix plan when built for ``cascade`` and a group
+      formed, else None; ``kernel``: the ``triton`` backend's metadata, which also
+      writes the new K/V (else None: the pool's ``write`` does).
     """
 
     input_ids: torch.Tensor
@@ -89,8 +112,10 @@ class ForwardBatch:
     context_lens: list[int]
     block_size: int
     num_blocks: int
-    attention: AttentionMetadata
+    group_size: int
+    attention: AttentionMetadata | None
     cascade: CascadePlan | None = None
+    kernel: TritonAttention | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -196,6 +221,10 @@ class ForwardBatch:
             "slot_mapping": block_of_token * bs + positions % bs,
             "last_token_index": np.cumsum(np.asarray(qls, dtype=np.int64)) - 1,
         }
+        if backend == "triton":
+            return cls._build_for_kernel(
+                host, qls, cls_, tables, bs, num_blocks, group_size, device
+            )
         paged = "loop" if backend == "cascade" else backend
         meta_host = AttentionMetadata.host_indices(
             qls, cls_, ctx_blocks, block_size=bs, backend=paged
@@ -223,6 +252,67 @@ class ForwardBatch:
             context_lens=cls_,
             block_size=bs,
             num_blocks=num_blocks,
+            group_size=group_size,
             attention=meta,
             cascade=plan,
+        )
+
+    @classmethod
+    def _build_for_kernel(
+        cls,
+        host: dict[str, np.ndarray],
+        qls: list[int],
+        cls_: list[int],
+        tables: list[np.ndarray],
+        bs: int,
+        num_blocks: int,
+        group_size: int,
+        device: torch.device | str,
+    ) -> ForwardBatch:
+        """:meth:`build`'s ``triton`` half: block tables padded to one width, one copy."""
+        if not triton_backend_runs_on(device):
+            raise ValueError(
+                "backend 'triton' needs Triton and a CUDA device (or TRITON_INTERPRET=1), "
+                f"got device {str(device)!r}"
+            )
+        from radixkv.model.triton_attention import TritonAttention, decode_splits
+
+        n = len(qls)
+        nbs = [-(-c // bs) for c in cls_]
+        width = max(nbs)
+        padded = np.zeros((n, width), dtype=np.int64)
+        for i, (table, nb) in enumerate(zip(tables, nbs, strict=True)):
+            padded[i, :nb] = table[:nb]
+        q_lens = np.asarray(qls, dtype=np.int64)
+        moved = indices_to_device(
+            {
+                **host,
+                "query_starts": np.cumsum(q_lens) - q_lens,
+                "query_lens": q_lens,
+                "context_lens": np.asarray(cls_, dtype=np.int64),
+                "block_tables": padded,
+            },
+            device,
+        )
+        kernel = TritonAttention(
+            query_starts=moved["query_starts"],
+            query_lens=moved["query_lens"],
+            context_lens=moved["context_lens"],
+            block_tables=moved["block_tables"].view(n, width),
+            block_size=bs,
+            max_query_len=max(qls),
+            max_splits=decode_splits(max(cls_)),
+        )
+        return cls(
+            input_ids=moved["input_ids"],
+            positions=moved["positions"],
+            slot_mapping=moved["slot_mapping"],
+            last_token_index=moved["last_token_index"],
+            query_lens=qls,
+            context_lens=cls_,
+            block_size=bs,
+            num_blocks=num_blocks,
+            group_size=group_size,
+            attention=None,
+            kernel=kernel,
         )

@@ -150,10 +150,22 @@ def indices_to_device(
     The arrays are concatenated on the host and moved together (one
     host-to-device transfer, however many arrays); the results are views of that
     one tensor, under the same names. On the CPU nothing is copied twice: the
-    concatenation is shared with torch. Complexity: O(total entries).
+    concatenation is shared with torch. On CUDA the concatenation is written
+    into page-locked memory and copied asynchronously, so the host does not wait
+    for the device's queue to drain (a copy from pageable memory would); torch's
+    caching host allocator keeps that buffer until the copy has run.
+    Complexity: O(total entries).
     """
     names = list(arrays)
     parts = [np.asarray(arrays[n], dtype=np.int64).reshape(-1) for n in names]
-    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    moved = torch.from_numpy(flat).to(device)
-    return dict(zip(names, moved.split([p.size for p in parts]), strict=True))
+    sizes = [p.size for p in parts]
+    device = torch.device(device)
+    if device.type == "cuda":
+        staging = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=True)
+        if parts:
+            np.concatenate(parts, out=staging.numpy())
+        moved = staging.to(device, non_blocking=True)
+    else:
+        flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        moved = torch.from_numpy(flat).to(device)
+    return dict(zip(names, moved.split(sizes), strict=True))

@@ -1,0 +1,322 @@
+"""The ``triton`` backend: paged attention kernels that read K/V in place through the block table.
+
+The other backends gather each context out of the pool into a dense buffer and
+call ``scaled_dot_product_attention``; on a GPU that is a dozen launches per
+layer and a copy of every context. Here one kernel reads K/V straight from the
+pool: key position ``p`` of sequence ``s`` lives at slot ``block_table[s, p //
+block_size] * block_size + p % block_size``, exactly the pages the radix tree
+hands out. Three kernels:
+
+- ``_store_kv_kernel`` writes a step's new K/V at ``slot_mapping``, skipping
+  negative slots (the padding rows of a CUDA-graph batch write nowhere).
+- ``_attention_kernel`` is flash attention over a page table (online softmax,
+  fp32 accumulators). A program owns one sequence, one KV head and a tile of
+  ``BLOCK_M`` *folded* query rows (row ``r`` is query ``r // group`` of query
+  head ``kv_head * group + r % group``), so grouped-query heads share every K/V
+  load, and a decode token's ``group`` heads fill one tile. It serves
+  prefill/extend (causal: query ``i`` of a sequence with ``query_len`` new
+  tokens and ``context_len`` in total sees keys ``[0, context_len - query_len +
+  i]``) and, in *split* mode, decode: each sequence's context is cut into
+  ``SPLIT_LEN``-token pieces attended in parallel (flash-decoding).
+- ``_merge_splits_kernel`` merges a decode's pieces through their log-sum-exps.
+
+How many pieces a decode is cut into depends on its own context length only,
+so a sequence's decode attention rounds the same whatever else shares the step
+(a padded CUDA-graph batch included).
+
+The metadata (:class:`TritonAttention`) is four small int64 tensors and two
+launch sizes; it holds no Python per-sequence state that a kernel reads, which
+is what lets :mod:`radixkv.model.cuda_graphs` capture a decode step once and
+replay it on new contents of the same tensors.
+
+Triton compiles these for CUDA. On the CPU they run only under Triton's
+interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which is
+slow and is how the test suite checks them against the dense reference without a
+GPU; bfloat16 is not supported there. fp32 inputs use IEEE fp32 dot products (not
+TF32), so the backend agrees with the others to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["SPLIT_LEN", "TritonAttention", "decode_splits"]
+
+# Tokens of context per decode piece. 256 keys x 64 dims x 2 (K and V) is a few
+# hundred KB per program: enough work to amortise a program, few enough that a
+# 32-sequence batch of 1-2k contexts fills an H100's 132 SMs several times over.
+SPLIT_LEN = 256
+# Folded query rows per program in prefill/extend, and keys per inner iteration.
+PREFILL_BLOCK_M = 64
+BLOCK_N = 64
+
+
+def decode_splits(context_len: int) -> int:
+    """Pieces a decode with ``context_len`` keys is cut into: ``ceil(context_len / SPLIT_LEN)``."""
+    return -(-context_len // SPLIT_LEN)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@triton.jit
+def _store_kv_kernel(
+    K_new, V_new, K_cache, V_cache, Slots,
+    stride_new_t, stride_cache_t,
+    ROW: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """K/V row ``t`` (``ROW = Hkv * head_dim`` values) to slot ``Slots[t]``; nothing if < 0."""
+    t = tl.program_id(0)
+    slot = tl.load(Slots + t)
+    if slot >= 0:
+        offs = tl.arange(0, BLOCK)
+        ok = offs < ROW
+        k = tl.load(K_new + t * stride_new_t + offs, mask=ok)
+        v = tl.load(V_new + t * stride_new_t + offs, mask=ok)
+        dst = slot.to(tl.int64) * stride_cache_t + offs
+        tl.store(K_cache + dst, k.to(K_cache.dtype.element_ty), mask=ok)
+        tl.store(V_cache + dst, v.to(V_cache.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _attention_kernel(
+    Q, K, V, Out, PartOut, PartLse,
+    QStart, QLen, CtxLen, BlockTable,
+    sm_scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_bt,
+    GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, PAGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_len = tl.load(QLen + seq)
+    ctx = tl.load(CtxLen + seq)
+    q_start = tl.load(QStart + seq)
+    if SPLIT:
+        split = tile
+        tile = 0
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    qi = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = qi < q_len
+    prefix = ctx - q_len
+    limit = prefix + qi  # the last key position each row sees
+    if SPLIT:
+        lo = split * SPLIT_LEN
+        hi = tl.minimum(ctx, lo + SPLIT_LEN)
+    else:
+        lo = 0
+        last_q = tl.minimum(q_len - 1, (tile * BLOCK_M + BLOCK_M - 1) // GROUP)
+        hi = prefix + last_q + 1
+    # tiles past a sequence's rows (or pieces past its context) have nothing to do;
+    # the padding sequences of a graph batch (q_len 0, context 0) stop here
+    if (tile * BLOCK_M < q_len * GROUP) & (lo < hi):
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < HEAD_DIM
+        q_rows = (q_start + qi).to(tl.int64)
+        q = tl.load(
+            Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        table = BlockTable + seq.to(tl.int64) * stride_bt
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + tl.arange(0, BLOCK_N)
+            key_ok = pos < hi
+            block = tl.load(table + pos // PAGE, mask=key_ok, other=0)
+            slot = block.to(tl.int64) * PAGE + pos % PAGE
+            kv_off = slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
+            kv_mask = key_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * sm_scale
+            visible = (pos[None, :] <= limit[:, None]) & key_ok[None, :]
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        if SPLIT:
+            # rows of a decode are its GROUP heads (qi == 0)
+            part = (seq * NUM_HEADS + head).to(tl.int64) * MAX_SPLITS + split
+            tl.store(
+                PartOut + part[:, None] * BLOCK_D + offs_d[None, :],
+                out,
+                mask=row_ok[:, None] & d_ok[None, :],
+            )
+            tl.store(PartLse + part, m_i + tl.log(l_safe), mask=row_ok)
+        else:
+            tl.store(
+                Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                out.to(Out.dtype.element_ty),
+                mask=row_ok[:, None] & d_ok[None, :],
+            )
+
+
+@triton.jit
+def _merge_splits_kernel(
+    Out, PartOut, PartLse, QStart, CtxLen,
+    stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
+):  # fmt: skip
+    """One decode token's head: the weighted sum of its pieces (zeros for a padding row)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    ctx = tl.load(CtxLen + seq)
+    q_start = tl.load(QStart + seq)
+    n = (ctx + SPLIT_LEN - 1) // SPLIT_LEN
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    base = (seq * NUM_HEADS + head).to(tl.int64) * MAX_SPLITS
+    m = float("-inf")
+    total = 0.0
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for j in range(0, n):
+        lse = tl.load(PartLse + base + j)
+        o = tl.load(PartOut + (base + j) * BLOCK_D + offs_d, mask=d_ok, other=0.0)
+        m_new = tl.maximum(m, lse)
+        scale = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)
+        acc = acc * scale + w * o
+        total = total * scale + w
+        m = m_new
+    total = tl.where(total == 0.0, 1.0, total)
+    dst = Out + q_start.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    tl.store(dst, (acc / total).to(Out.dtype.element_ty), mask=d_ok)
+
+
+@dataclass
+class TritonAttention:
+    """A step's metadata for the triton kernels, and the two calls a layer makes.
+
+    Tensors (int64, on the pool's device, one entry per sequence):
+    ``query_starts`` (first row of the sequence's new tokens in ``q``),
+    ``query_lens``, ``context_lens`` (0 for a padding sequence: it is skipped),
+    and ``block_tables`` ``[num_seqs, width]`` (row ``s`` holds at least
+    ``ceil(context_len / block_size)`` block ids; the rest is never read).
+    Launch sizes (Python ints, fixed for a captured graph): ``max_query_len``
+    (1 = a decode-only step, run in split mode) and ``max_splits`` (pieces a
+    decode grid holds per sequence: at least ``decode_splits`` of its longest
+    context). ``num_tokens`` is the rows of ``q``.
+
+    The tensors are read at launch, never written, so a CUDA graph replays with
+    whatever they hold then.
+    """
+
+    query_starts: torch.Tensor
+    query_lens: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    block_size: int
+    max_query_len: int
+    max_splits: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.query_lens.shape[0])
+
+    def store(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """Write new ``k``/``v`` (``[n, Hkv, d]``) into one layer at ``slot_mapping`` (``[n]``).
+
+        A negative slot is skipped. Casts to the pool's dtype. One launch.
+        """
+        n = slot_mapping.shape[0]
+        if n == 0:
+            return
+        k = k.contiguous()
+        v = v.contiguous()
+        row = k_cache.shape[1] * k_cache.shape[2]
+        _store_kv_kernel[(n,)](
+            k, v, k_cache, v_cache, slot_mapping,
+            k.stride(0), k_cache.stride(0),
+            ROW=row, BLOCK=_next_pow2(row),
+        )  # fmt: skip
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Attention of ``q`` (``[num_tokens, H, d]``) over the paged contexts: ``[T, H*d]``.
+
+        ``k_cache``/``v_cache``: one layer of the pool (``[num_slots, Hkv, d]``,
+        contiguous), already holding this step's new K/V. Allocates the output
+        (and, for a decode step, the pieces' scratch). Two launches for a decode
+        step (pieces, merge), one otherwise.
+        """
+        num_tokens, num_heads, d = q.shape
+        num_kv_heads = k_cache.shape[1]
+        group = num_heads // num_kv_heads
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        block_d = max(16, _next_pow2(d))
+        ieee = q.dtype == torch.float32
+        n = self.num_seqs
+        common = dict(
+            GROUP=group, NUM_HEADS=num_heads, PAGE=self.block_size,
+            HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
+            SPLIT_LEN=SPLIT_LEN, IEEE=ieee,
+        )  # fmt: skip
+        strides = (
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            out.stride(0), out.stride(1), self.block_tables.stride(0),
+        )  # fmt: skip
+        scale = 1.0 / d**0.5
+        if self.max_query_len == 1:
+            splits = max(1, self.max_splits)
+            part_out = torch.empty(
+                (n * num_heads * splits, block_d), dtype=torch.float32, device=q.device
+            )
+            part_lse = torch.empty(n * num_heads * splits, dtype=torch.float32, device=q.device)
+            _attention_kernel[(n, num_kv_heads, splits)](
+                q, k_cache, v_cache, out, part_out, part_lse,
+                self.query_starts, self.query_lens, self.context_lens, self.block_tables,
+                scale, *strides,
+                BLOCK_M=max(16, _next_pow2(group)), SPLIT=True, MAX_SPLITS=splits,
+                num_warps=4, **common,
+            )  # fmt: skip
+            _merge_splits_kernel[(n, num_heads)](
+                out, part_out, part_lse, self.query_starts, self.context_lens,
+                out.stride(0), out.stride(1),
+                NUM_HEADS=num_heads, HEAD_DIM=d, BLOCK_D=block_d,
+                SPLIT_LEN=SPLIT_LEN, MAX_SPLITS=splits,
+            )  # fmt: skip
+        else:
+            tiles = -(-self.max_query_len * group // PREFILL_BLOCK_M)
+            _attention_kernel[(n, num_kv_heads, tiles)](
+                q, k_cache, v_cache, out, out, out,
+                self.query_starts, self.query_lens, self.context_lens, self.block_tables,
+                scale, *strides,
+                BLOCK_M=PREFILL_BLOCK_M, SPLIT=False, MAX_SPLITS=1,
+                num_warps=4, **common,
+            )  # fmt: skip
+        return out.view(num_tokens, num_heads * d)
