@@ -44,6 +44,7 @@ import torch
 from bench_common import save_rows
 
 from radixkv.engine import Engine, EngineConfig, EngineStats
+from radixkv.engine.model_runner import GraphRunner
 from radixkv.engine.request import SamplingParams
 from radixkv.model import (
     DECODER_BACKENDS,
@@ -69,6 +70,11 @@ def load_model(name: str, seed: int, device: torch.device, dtype: torch.dtype):
     if name == "random":
         model = random_model(SMALL_CONFIG, seed=seed).to(device=device, dtype=dtype)
         return model, "random decoder (4 layers, hidden 256, vocab 2048)"
+    if name == "smollm2-shape":
+        from bench_attention import smollm2_shaped
+
+        model = random_model(smollm2_shaped(30), seed=seed).to(device=device, dtype=dtype)
+        return model, "random weights in SmolLM2-135M's shape (30 layers, hidden 576)"
     from radixkv.model import from_pretrained
     from radixkv.model.tokenizer import smollm2_gguf_path
 
@@ -104,8 +110,12 @@ def model_flops(config, first: int, last: int) -> float:
 
 
 def run_workload(model, wl: ChatWorkload, cfg: EngineConfig, max_new: int) -> dict:
-    """One pass of the whole workload through a fresh engine; returns metrics."""
+    """One pass of the whole workload through a fresh engine; returns metrics.
+
+    The engine is built (and its CUDA graphs, if any, captured) before the clock starts.
+    """
     engine = Engine(model, cfg)
+    graphs = engine.runner.graphs if isinstance(engine.runner, GraphRunner) else None
     params = SamplingParams(max_new_tokens=max_new)
     histories = None
     stats, waves, outputs = [], [], []
@@ -150,13 +160,17 @@ def run_workload(model, wl: ChatWorkload, cfg: EngineConfig, max_new: int) -> di
         "preemptions": engine.scheduler.num_preemptions,
         "flops": flops,
         "outputs": outputs,
+        "capture_s": graphs.capture_seconds if graphs is not None else 0.0,
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller workload, 1 repeat")
-    ap.add_argument("--model", choices=("random", "smollm2"), default="random")
+    ap.add_argument(
+        "--model", choices=("random", "smollm2", "smollm2-shape"), default="random",
+        help="smollm2-shape: random weights in SmolLM2-135M's shape (where the file is absent)",
+    )  # fmt: skip
     ap.add_argument(
         "--system-len", type=int, default=None, help="default 1024 (smollm2 or quick: 512)"
     )
@@ -174,6 +188,11 @@ def main() -> int:
         help="the decoder's attention backend, for every mode (default: the device's "
         "preferred one: padded on CUDA, cascade on the CPU)",
     )  # fmt: skip
+    ap.add_argument(
+        "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+        help="capture decode steps as CUDA graphs (CUDA with the triton backend only)",
+    )  # fmt: skip
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="running requests per step")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if visible)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--seed", type=int, default=0)
@@ -190,6 +209,7 @@ def main() -> int:
     model, what = load_model(args.model, args.seed, device, dtype)
     model.attention_backend = args.attention  # choices= validated it; None: the preferred
     attention = args.attention or preferred_attention_backend(device)
+    graphed = args.cuda_graphs and device.type == "cuda" and attention == "triton"
     vocab = model.config.vocab_size
     wl = ChatWorkload(
         system_len=system_len,
@@ -213,7 +233,8 @@ def main() -> int:
         f"model: {what}; {users} users x {args.turns} turns, system prompt {system_len} tokens, "
         f"user messages 32-128 tokens, {max_new} new tokens; block size {args.block_size}, "
         f"budget {args.budget} tokens/step, pool {num_blocks} blocks; {attention} "
-        f"attention; {describe_device(device, args.threads)}, {args.dtype}; "
+        f"attention{' + CUDA graphs' if graphed else ''}; "
+        f"{describe_device(device, args.threads)}, {args.dtype}; "
         f"{repeats} repeat(s)",
         flush=True,
     )
@@ -222,7 +243,10 @@ def main() -> int:
         system_len=64, num_users=2, num_turns=2, user_len=(16, 32), vocab_size=vocab, low=wl.low
     )
     for _, cache, policy in MODES:
-        warm = EngineConfig(block_size=args.block_size, num_blocks=64, cache=cache, policy=policy)
+        warm = EngineConfig(
+            block_size=args.block_size, num_blocks=64, cache=cache, policy=policy,
+            max_num_seqs=args.max_num_seqs, cuda_graphs=args.cuda_graphs,
+        )  # fmt: skip
         run_workload(model, tiny, warm, 4)
 
     rows, reference = [], None
@@ -236,8 +260,10 @@ def main() -> int:
                 block_size=args.block_size,
                 num_blocks=num_blocks,
                 max_num_batched_tokens=args.budget,
+                max_num_seqs=args.max_num_seqs,
                 cache=cache,
                 policy=policy,
+                cuda_graphs=args.cuda_graphs,
             )
             r = run_workload(model, wl, cfg, max_new)
             all_runs[label].append(r)
@@ -272,6 +298,7 @@ def main() -> int:
                 "preemptions": runs[0]["preemptions"],
                 "gflops": runs[0]["flops"] / 1e9,
                 "same_outputs": runs[0]["outputs"] == reference,
+                "graph_capture_s": statistics.median(r["capture_s"] for r in runs),
             }
         )
     base = next((r for r in rows if r["mode"] == "off"), None)
@@ -305,6 +332,7 @@ def main() -> int:
     print()
     parts = [args.model]
     parts += [attention] if attention != preferred_attention_backend(device) else []
+    parts += ["nographs"] if attention == "triton" and device.type == "cuda" and not graphed else []
     parts += [device.type] if device.type != "cpu" else []
     parts += [args.dtype] if args.dtype != "float32" else []
     parts += ["quick"] if q else []

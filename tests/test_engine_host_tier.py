@@ -18,7 +18,7 @@ from model_helpers import DEVICES, ENGINE_CONFIG, on_device
 
 from radixkv.engine import Engine, EngineConfig, SamplingParams
 from radixkv.model import random_model
-from radixkv.model.kv_copy import KVCopier
+from radixkv.model.kv_copy import KVCopier, register_host_memory
 from radixkv.model.kvpool import KVPool
 
 torch.set_num_threads(1)
@@ -258,3 +258,25 @@ def test_a_cache_factory_cannot_take_a_host_tier_or_events(model):
         Engine(model, EngineConfig(), cache_factory=RadixCache, events=ChainHasher())
     with pytest.raises(ValueError, match="KV events needs cache='radix'"):
         Engine(model, EngineConfig(cache="hash"), events=ChainHasher())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copier_reloads_bit_identical_kv(device, dtype):
+    """Backup, poison the freed blocks, load elsewhere: every reloaded bit is the original's."""
+    dev = KVPool(2, 10, 4, 2, 8, dtype=dtype, device=device)
+    host = KVPool(2, 6, 4, 2, 8, dtype=dtype, device="cpu")
+    if device == "cuda":
+        assert register_host_memory(host)
+    gen = torch.Generator().manual_seed(0)
+    for t in (*dev.k, *dev.v):
+        t.copy_(torch.randn(t.shape, generator=gen).to(dtype))
+    copier = KVCopier(dev, host, poison=True)
+    blocks = [t.view(10, 4, 2, 8)[[7, 2, 5]].clone() for t in (*dev.k, *dev.v)]
+    copier.backup(np.array([7, 2, 5]), np.array([0, 4, 1]))
+    copier.discard(np.array([7, 2, 5]))
+    assert all(t.view(10, 4, 2, 8)[[7, 2, 5]].isnan().all() for t in (*dev.k, *dev.v))
+    copier.load(np.array([0, 4, 1]), np.array([3, 9, 0]))
+    for t, want in zip((*dev.k, *dev.v), blocks, strict=True):
+        assert torch.equal(t.view(10, 4, 2, 8)[[3, 9, 0]], want)
+    assert copier.backed_up_blocks == copier.loaded_blocks == 3

@@ -23,7 +23,7 @@ from torch import nn
 from radixkv.model.attention import dense_causal_attention, paged_attention
 from radixkv.model.cascade import cascade_attention
 from radixkv.model.config import ModelConfig
-from radixkv.model.forward_batch import DECODER_BACKENDS, ForwardBatch
+from radixkv.model.forward_batch import DECODER_BACKENDS, ForwardBatch, triton_backend_runs_on
 from radixkv.model.gather import GatherWorkspace
 from radixkv.model.kvpool import KVPool
 
@@ -36,21 +36,24 @@ __all__ = [
 
 
 def preferred_attention_backend(device: torch.device | str) -> str:
-    """The measured-fastest backend for ``device``: ``cascade`` on the CPU, ``padded`` on CUDA.
+    """The measured-fastest backend for ``device``: ``cascade`` on the CPU, ``triton`` on CUDA.
 
     What a ``Decoder`` built without a backend runs. CPU: ``bench_attention.py``
     ranks ``loop`` first among the paged backends (``padded``/``varlen`` are 2-12x
     slower once a prefill chunk shares the batch), and cascade (``loop`` plus one
     read of shared prefix blocks; exactly ``loop`` when nothing is shared) lifts
     ``bench_engine.py``'s later-wave TTFT speedup on SmolLM2 from 6.5-6.9x to
-    7.0-7.7x and cuts the random model's cached wall time by ~10%. CUDA (an H100):
-    each launch costs more than its arithmetic, and ``padded`` (one call per layer)
-    runs a 32-decode step in 0.33x the loop's time; cascade's extra calls make it
-    the slowest there. Other devices were never measured: they get ``loop``, the
-    simplest.
+    7.0-7.7x and cuts the random model's cached wall time by ~10%. CUDA: the
+    ``triton`` kernels read K/V in place with one launch per layer, and are the
+    only backend whose decode steps CUDA graphs can capture (``bench_decode.py``,
+    docs/engine.md); where Triton is missing, ``padded`` (one SDPA call per layer;
+    0.33x the loop's time on a 32-decode step on an H100). Other devices were
+    never measured: they get ``loop``, the simplest.
     """
     kind = torch.device(device).type
-    return {"cpu": "cascade", "cuda": "padded"}.get(kind, "loop")
+    if kind == "cuda":
+        return "triton" if triton_backend_runs_on(device) else "padded"
+    return {"cpu": "cascade"}.get(kind, "loop")
 
 
 class Linear(nn.Linear):

@@ -87,12 +87,12 @@ def _store_kv_kernel(
 def _attention_kernel(
     Q, K, V, Out, PartOut, PartLse,
     QStart, QLen, CtxLen, BlockTable,
-    sm_scale,
+    sm_scale, max_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_bt,
     GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, PAGE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_LEN: tl.constexpr,
     IEEE: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
@@ -111,7 +111,7 @@ def _attention_kernel(
     prefix = ctx - q_len
     limit = prefix + qi  # the last key position each row sees
     if SPLIT:
-        lo = split * SPLIT_LEN
+        lo = split.to(tl.int64) * SPLIT_LEN
         hi = tl.minimum(ctx, lo + SPLIT_LEN)
     else:
         lo = 0
@@ -163,7 +163,7 @@ def _attention_kernel(
         out = acc / l_safe[:, None]
         if SPLIT:
             # rows of a decode are its GROUP heads (qi == 0)
-            part = (seq * NUM_HEADS + head).to(tl.int64) * MAX_SPLITS + split
+            part = (seq * NUM_HEADS + head).to(tl.int64) * max_splits + split
             tl.store(
                 PartOut + part[:, None] * BLOCK_D + offs_d[None, :],
                 out,
@@ -181,9 +181,9 @@ def _attention_kernel(
 @triton.jit
 def _merge_splits_kernel(
     Out, PartOut, PartLse, QStart, CtxLen,
-    stride_ot, stride_oh,
+    max_splits, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    SPLIT_LEN: tl.constexpr,
 ):  # fmt: skip
     """One decode token's head: the weighted sum of its pieces (zeros for a padding row)."""
     seq = tl.program_id(0)
@@ -193,7 +193,7 @@ def _merge_splits_kernel(
     n = (ctx + SPLIT_LEN - 1) // SPLIT_LEN
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    base = (seq * NUM_HEADS + head).to(tl.int64) * MAX_SPLITS
+    base = (seq * NUM_HEADS + head).to(tl.int64) * max_splits
     m = float("-inf")
     total = 0.0
     acc = tl.zeros([BLOCK_D], tl.float32)
@@ -300,23 +300,23 @@ class TritonAttention:
             _attention_kernel[(n, num_kv_heads, splits)](
                 q, k_cache, v_cache, out, part_out, part_lse,
                 self.query_starts, self.query_lens, self.context_lens, self.block_tables,
-                scale, *strides,
-                BLOCK_M=max(16, _next_pow2(group)), SPLIT=True, MAX_SPLITS=splits,
-                num_warps=4, **common,
+                scale, splits, *strides,
+                BLOCK_M=max(16, _next_pow2(group)), SPLIT=True,
+                num_warps=4, num_stages=2, **common,
             )  # fmt: skip
             _merge_splits_kernel[(n, num_heads)](
                 out, part_out, part_lse, self.query_starts, self.context_lens,
-                out.stride(0), out.stride(1),
+                splits, out.stride(0), out.stride(1),
                 NUM_HEADS=num_heads, HEAD_DIM=d, BLOCK_D=block_d,
-                SPLIT_LEN=SPLIT_LEN, MAX_SPLITS=splits,
+                SPLIT_LEN=SPLIT_LEN,
             )  # fmt: skip
         else:
             tiles = -(-self.max_query_len * group // PREFILL_BLOCK_M)
             _attention_kernel[(n, num_kv_heads, tiles)](
                 q, k_cache, v_cache, out, out, out,
                 self.query_starts, self.query_lens, self.context_lens, self.block_tables,
-                scale, *strides,
-                BLOCK_M=PREFILL_BLOCK_M, SPLIT=False, MAX_SPLITS=1,
-                num_warps=4, **common,
+                scale, 1, *strides,
+                BLOCK_M=PREFILL_BLOCK_M, SPLIT=False,
+                num_warps=4, num_stages=2, **common,
             )  # fmt: skip
         return out.view(num_tokens, num_heads * d)

@@ -1,0 +1,277 @@
+"""GPU step benchmark: a decode step and prefill attention, padded vs triton vs CUDA graphs.
+
+Three tables, on one device in one run (SmolLM2-135M's shape with random weights:
+30 layers, hidden 576, 9 heads / 3 KV heads of 64, vocab 49152):
+
+1. **Floors.** Measured device-to-device copy bandwidth (bytes read + written);
+   the time to read the weights once at that bandwidth; the time to read every
+   running context's K/V once; and the launch floor, the replay of a CUDA graph
+   holding one tiny kernel.
+2. **Decode step** of ``--seqs`` running sequences with contexts drawn from
+   ``--ctx LO-HI``: host metadata to logits, synchronized, median of
+   ``--repeats``. ``padded`` and ``triton`` build a ``ForwardBatch`` and run
+   ``Decoder.forward``; ``triton+graphs`` fills the static buffers and replays
+   (``DecodeGraphs.run``). The logits of all three are compared.
+3. **Prefill attention**, one layer: the ``triton`` extend kernel over a paged
+   pool against one dense ``scaled_dot_product_attention`` call on the same
+   shapes without paging (``enable_gqa``, ``is_causal``), as tokens per second;
+   and ``padded`` over the same pool.
+
+    python benchmarks/bench_decode.py --device cuda --out benchmarks/results/decode_cuda.csv
+
+Needs a GPU (the triton backend compiles for CUDA); prints its tables and, with
+``--out``, writes them as one CSV. ``--device cpu`` with ``TRITON_INTERPRET=1`` is a
+dry run of the decode table on tiny sizes (no floors, no graphs, no prefill), to
+check the script before spending GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from bench_attention import HEAD_DIM, HEADS, KV_HEADS, smollm2_shaped
+from bench_common import save_rows
+
+from radixkv.model import ForwardBatch, random_model
+from radixkv.model.attention import AttentionMetadata, paged_attention
+from radixkv.model.cuda_graphs import DecodeGraphs
+from radixkv.model.triton_attention import TritonAttention, decode_splits
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def cuda_time(fn, repeats: int, warmup: int = 3) -> list[float]:
+    """Seconds per call of ``fn`` (host clock around a synchronized call), ``repeats`` times."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def event_time(fn, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn`` by CUDA events (device time, launches queued back to back)."""
+    if not torch.cuda.is_available():  # a dry run: host time
+        return statistics.median(cuda_time(fn, repeats, warmup)) * 1e3
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a 1 GiB device-to-device copy, counting bytes read plus written."""
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = event_time(lambda: dst.copy_(src), 10)
+    return 2 * src.numel() * 4 / (ms / 1e3)
+
+
+def launch_floor() -> float:
+    """Milliseconds to replay a CUDA graph holding one tiny kernel (host call to done)."""
+    x = torch.zeros(16, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x.add_(1)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    return statistics.median(cuda_time(graph.replay, 50)) * 1e3
+
+
+def decode_step(args, dtype: torch.dtype, rows: list[dict]) -> None:
+    cfg = smollm2_shaped(args.layers)
+    dev = args.device
+    rng = np.random.default_rng(args.seed)
+    lo, hi = (int(x) for x in args.ctx.split("-"))
+    ctx = rng.integers(lo, hi + 1, args.seqs).tolist()
+    bs = 16
+    need = [-(-c // bs) for c in ctx]
+    num_blocks = sum(need) + 64
+    perm = rng.permutation(num_blocks)
+    tables, start = [], 0
+    for n in need:
+        tables.append(perm[start : start + n])
+        start += n
+    ids = rng.integers(100, cfg.vocab_size, args.seqs).tolist()
+    models = {
+        b: random_model(cfg, seed=args.seed, attention_backend=b).to(dev, dtype)
+        for b in ("padded", "triton")
+    }
+    pool = models["padded"].make_kv_pool(num_blocks, bs)
+    for t in (*pool.k, *pool.v):
+        t.normal_()
+    weight_bytes = sum(p.numel() * p.element_size() for p in models["padded"].parameters())
+    kv_bytes = sum(ctx) * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    on_gpu = dev == "cuda"
+    bw = copy_bandwidth() if on_gpu else float("nan")
+    floor = launch_floor() if on_gpu else float("nan")
+    print(
+        f"floors: copy bandwidth {bw / 1e12:.2f} TB/s; weights {weight_bytes / 2**20:.0f} MiB "
+        f"-> {weight_bytes / bw * 1e3:.3f} ms; contexts' K/V {kv_bytes / 2**20:.0f} MiB -> "
+        f"{kv_bytes / bw * 1e3:.3f} ms; launch floor (1-kernel graph replay) {floor:.3f} ms"
+    )
+    rows += [
+        {"table": "floor", "what": "copy_bandwidth_TBps", "value": round(bw / 1e12, 3)},
+        {"table": "floor", "what": "weights_read_ms", "value": round(weight_bytes / bw * 1e3, 4)},
+        {"table": "floor", "what": "kv_read_ms", "value": round(kv_bytes / bw * 1e3, 4)},
+        {"table": "floor", "what": "graph_launch_ms", "value": round(floor, 4)},
+    ]
+
+    def eager(backend: str):
+        model = models[backend]
+
+        def run() -> torch.Tensor:
+            batch = ForwardBatch.build(
+                ids, [1] * len(ids), ctx, tables, block_size=bs, num_blocks=num_blocks,
+                backend=backend, group_size=cfg.group_size, device=dev,
+            )  # fmt: skip
+            return model(batch, pool)
+
+        return run
+
+    t0 = time.perf_counter()
+    graphs = DecodeGraphs(models["triton"], pool, args.seqs, hi + 1, capture=on_gpu)
+    capture = time.perf_counter() - t0
+    runs = {
+        "padded": eager("padded"),
+        "triton": eager("triton"),
+        "triton+graphs": lambda: graphs.run(ids, ctx, tables),
+    }
+    logits = {name: fn().float().clone() for name, fn in runs.items()}
+    base = None
+    print(
+        f"decode step, {args.seqs} seqs, contexts {lo}-{hi} (mean {np.mean(ctx):.0f}), "
+        f"{str(dtype)[6:]}; graphs captured for {graphs.sizes} in {capture:.2f} s"
+    )
+    for name, fn in runs.items():
+        ts = cuda_time(fn, args.repeats)
+        med = statistics.median(ts) * 1e3
+        base = base or med
+        diff = float((logits[name] - logits["padded"]).abs().max())
+        same = bool(torch.equal(logits[name].argmax(-1), logits["padded"].argmax(-1)))
+        print(
+            f"  {name:<14} {med:8.3f} ms  [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}]  "
+            f"{base / med:6.2f}x padded  max|logit diff| {diff:.2e}  same argmax {same}"
+        )
+        rows.append(
+            {"table": "decode", "what": name, "dtype": str(dtype)[6:], "seqs": args.seqs,
+             "ctx": args.ctx, "median_ms": round(med, 4), "min_ms": round(min(ts) * 1e3, 4),
+             "max_ms": round(max(ts) * 1e3, 4), "vs_padded": round(base / med, 3),
+             "max_logit_diff": diff, "same_argmax": same,
+             "capture_s": round(capture, 3) if "graphs" in name else ""}
+        )  # fmt: skip
+
+
+def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
+    """One layer's prefill attention: triton (paged) vs dense SDPA (unpaged) vs padded (paged)."""
+    dev = args.device
+    gen = torch.Generator(device=dev).manual_seed(args.seed)
+    bs = 16
+    shapes = ((4, 1024), (1, 4096), (16, 512)) if dev == "cuda" else ((2, 48),)
+    for batch, length in shapes:
+        nb = batch * (length // bs)
+        perm = torch.randperm(nb + 8, device=dev, generator=gen)[:nb].view(batch, -1)
+        k_cache = torch.randn((nb + 8) * bs, KV_HEADS, HEAD_DIM, device=dev, dtype=dtype)
+        v_cache = torch.randn_like(k_cache)
+        q = torch.randn(batch * length, HEADS, HEAD_DIM, device=dev, dtype=dtype)
+        lens = torch.full((batch,), length, device=dev)
+        meta = TritonAttention(
+            query_starts=torch.arange(batch, device=dev) * length,
+            query_lens=lens,
+            context_lens=lens,
+            block_tables=perm,
+            block_size=bs,
+            max_query_len=length,
+            max_splits=decode_splits(length),
+        )
+        # the dense call reads the same K/V, laid out contiguously per sequence
+        pos = torch.arange(length, device=dev)
+        slots = (perm[:, pos // bs] * bs + pos % bs).reshape(-1)
+        kd = k_cache[slots].view(batch, length, KV_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+        vd = v_cache[slots].view(batch, length, KV_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+        qd = q.view(batch, length, HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+        padded = AttentionMetadata.build(
+            [length] * batch, [length] * batch, [t.cpu().numpy() for t in perm],
+            block_size=bs, group_size=HEADS // KV_HEADS, backend="padded", device=dev,
+        )  # fmt: skip
+        fns = {
+            "sdpa_dense": lambda: F.scaled_dot_product_attention(
+                qd, kd, vd, is_causal=True, enable_gqa=True
+            ),
+            "triton": lambda: meta.attend(q, k_cache, v_cache),
+            "padded": lambda: paged_attention(q, k_cache, v_cache, padded),
+        }
+        ref = fns["sdpa_dense"]().transpose(1, 2).reshape(batch * length, -1).float()
+        got = fns["triton"]().float()
+        err = float((got - ref).norm() / ref.norm())
+        times = {name: event_time(fn, args.repeats) for name, fn in fns.items()}
+        tokens = batch * length
+        line = ", ".join(
+            f"{n} {t:.3f} ms ({tokens / t / 1e3:.2f} Mtok/s)" for n, t in times.items()
+        )
+        print(
+            f"prefill attention {batch}x{length} {str(dtype)[6:]}: {line}; triton / dense "
+            f"{times['sdpa_dense'] / times['triton']:.2f}; rel err vs dense {err:.1e}"
+        )
+        for name, t in times.items():
+            rows.append(
+                {"table": "prefill", "what": name, "dtype": str(dtype)[6:],
+                 "shape": f"{batch}x{length}", "median_ms": round(t, 4),
+                 "mtok_s": round(tokens / t / 1e3, 3),
+                 "vs_dense": round(times["sdpa_dense"] / t, 3), "rel_err_vs_dense": err}
+            )  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--seqs", type=int, default=32)
+    ap.add_argument("--ctx", default="1024-2048", help="decode contexts drawn from LO-HI")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_decode.py needs a CUDA device (or --device cpu, a dry run)")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (dry run)"
+    print(f"{where}, torch {torch.__version__}")
+    rows: list[dict] = []
+    for name in args.dtypes.split(","):
+        dtype = DTYPES[name]
+        decode_step(args, dtype, rows)
+        if not args.skip_prefill:
+            prefill_attention(args, dtype, rows)
+        torch.cuda.empty_cache()
+    save_rows(rows, args.out, "decode_cuda.csv")
+
+
+if __name__ == "__main__":
+    main()
