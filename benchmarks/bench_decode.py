@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -220,11 +221,11 @@ def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
             block_size=bs, group_size=HEADS // KV_HEADS, backend="padded", device=dev,
         )  # fmt: skip
         fns = {
-            "sdpa_dense": lambda: F.scaled_dot_product_attention(
-                qd, kd, vd, is_causal=True, enable_gqa=True
+            "sdpa_dense": partial(
+                F.scaled_dot_product_attention, qd, kd, vd, is_causal=True, enable_gqa=True
             ),
-            "triton": lambda: meta.attend(q, k_cache, v_cache),
-            "padded": lambda: paged_attention(q, k_cache, v_cache, padded),
+            "triton": partial(meta.attend, q, k_cache, v_cache),
+            "padded": partial(paged_attention, q, k_cache, v_cache, padded),
         }
         ref = fns["sdpa_dense"]().transpose(1, 2).reshape(batch * length, -1).float()
         got = fns["triton"]().float()
