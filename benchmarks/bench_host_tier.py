@@ -52,7 +52,7 @@ Three tables, each against a baseline measured in the same run:
     python benchmarks/bench_host_tier.py --quick   # 512/1024-token prompts, small runs, ~1 min
     python benchmarks/bench_host_tier.py           # 1k-8k, ~7 min on 2 quiet CPU cores
     python benchmarks/bench_host_tier.py --long    # adds 16k: one cold 16k prefill is ~113 s here
-    python benchmarks/bench_host_tier.py --device cuda  # on a GPU (registered host pool)
+    python benchmarks/bench_host_tier.py --device cuda  # on a GPU (pinned staging copies)
     python benchmarks/bench_host_tier.py --out benchmarks/results/bench_host_tier_smollm2.csv
 
 Cold prefill on 2 quiet CPU cores (float32, 512-token chunks): 1k ~2 s, 2k

@@ -47,7 +47,7 @@ from radixkv.engine.scheduler import (
     SchedulerConfig,
     SchedulerOutput,
 )
-from radixkv.model.kv_copy import KVCopier, register_host_memory
+from radixkv.model.kv_copy import KVCopier
 from radixkv.model.kvpool import KVPool
 
 __all__ = [
@@ -362,8 +362,6 @@ class Engine:
         self.host_kv = self.model.make_kv_pool(
             cfg.host_kv_blocks, cfg.block_size, dtype=kv.dtype, device="cpu"
         )
-        if kv.device.type == "cuda":
-            register_host_memory(self.host_kv)
         return HostTier(
             BlockAllocator(cfg.host_kv_blocks, cfg.block_size),
             KVCopier(kv, self.host_kv, poison=cfg.poison_freed_kv),

@@ -10,9 +10,12 @@ head_dim]`` so a block is one row.
   dim and dtype (``ValueError`` naming the field otherwise).
 - **CPU device.** Copies are plain synchronous ``index_copy_`` calls.
 - **CUDA device.** The host pool must be on the CPU; it is allocated plainly
-  and registered with CUDA (``cudaHostRegister``; ``pin_memory=True`` would
-  round every tensor up to a power of two) and pre-touched by its zero fill.
-  Copies run on a stream of their own: it first waits for the compute stream
+  (pageable) and pre-touched by its zero fill. Every copy goes through a
+  page-locked staging tensor from torch's caching host allocator (a backup
+  lands in one, a load gathers host rows into one), so the pool itself is
+  never a DMA endpoint and needs no ``cudaHostRegister`` (which, never undone,
+  failed with error 712 once a freed pool's address range came back to the
+  next pool). Copies run on a stream of their own: it first waits for the compute stream
   (a backup reads blocks the model wrote), and the compute stream waits for
   it after a load (the model reads what was loaded). A backup returns once
   the host copy is complete, so the tree may free the device blocks at once.
@@ -33,27 +36,9 @@ import torch
 
 from radixkv.model.kvpool import KVPool
 
-__all__ = ["KVCopier", "register_host_memory"]
+__all__ = ["KVCopier"]
 
 _LAYOUT = ("num_layers", "block_size", "num_kv_heads", "head_dim", "dtype")
-
-
-def register_host_memory(pool: KVPool) -> bool:
-    """Page-lock a CPU pool's tensors for fast async copies to CUDA; False when there is no CUDA.
-
-    Uses ``cudaHostRegister`` on the tensors as allocated (no power-of-two
-    rounding as ``pin_memory=True`` does). ``ValueError`` for a pool not on the CPU.
-    """
-    if pool.device.type != "cpu":
-        raise ValueError(f"pool must be on the CPU to register it, got device {pool.device}")
-    if not torch.cuda.is_available():
-        return False
-    cudart = torch.cuda.cudart()
-    for t in (*pool.k, *pool.v):
-        err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister failed with error {int(err)}")
-    return True
 
 
 class KVCopier:
