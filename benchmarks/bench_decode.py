@@ -155,6 +155,19 @@ def decode_step(args, dtype: torch.dtype, rows: list[dict]) -> None:
 
         return run
 
+    # the yardstick for every dtype: the same weights and K/V in float32, padded backend
+    ref_model = random_model(cfg, seed=args.seed, attention_backend="padded").to(dev)
+    ref_pool = ref_model.make_kv_pool(num_blocks, bs)
+    for dst, src in zip((*ref_pool.k, *ref_pool.v), (*pool.k, *pool.v), strict=True):
+        dst.copy_(src)
+    ref_batch = ForwardBatch.build(
+        ids, [1] * len(ids), ctx, tables, block_size=bs, num_blocks=num_blocks,
+        backend="padded", group_size=cfg.group_size, device=dev,
+    )  # fmt: skip
+    reference = ref_model(ref_batch, ref_pool).float()
+    del ref_model, ref_pool
+    decode_attention(args, dtype, pool, ids, ctx, tables, rows)
+
     t0 = time.perf_counter()
     graphs = DecodeGraphs(models["triton"], pool, args.seqs, hi + 1, capture=on_gpu)
     capture = time.perf_counter() - t0
@@ -173,19 +186,71 @@ def decode_step(args, dtype: torch.dtype, rows: list[dict]) -> None:
         ts = cuda_time(fn, args.repeats)
         med = statistics.median(ts) * 1e3
         base = base or med
-        diff = float((logits[name] - logits["padded"]).abs().max())
-        same = bool(torch.equal(logits[name].argmax(-1), logits["padded"].argmax(-1)))
+        diff = float((logits[name] - reference).abs().max())
+        agree = float((logits[name].argmax(-1) == reference.argmax(-1)).float().mean())
         print(
             f"  {name:<14} {med:8.3f} ms  [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}]  "
-            f"{base / med:6.2f}x padded  max|logit diff| {diff:.2e}  same argmax {same}"
+            f"{base / med:6.2f}x padded  vs fp32 padded: max|logit diff| {diff:.2e}, "
+            f"argmax agrees {agree:.0%}"
         )
         rows.append(
             {"table": "decode", "what": name, "dtype": str(dtype)[6:], "seqs": args.seqs,
              "ctx": args.ctx, "median_ms": round(med, 4), "min_ms": round(min(ts) * 1e3, 4),
              "max_ms": round(max(ts) * 1e3, 4), "vs_padded": round(base / med, 3),
-             "max_logit_diff": diff, "same_argmax": same,
+             "max_logit_diff_vs_fp32": diff, "argmax_agree_vs_fp32": agree,
              "capture_s": round(capture, 3) if "graphs" in name else ""}
         )  # fmt: skip
+
+
+def decode_attention(args, dtype, pool, ids, ctx, tables, rows: list[dict]) -> None:
+    """One layer's decode attention alone: padded vs triton (and, with --sweep, its configs)."""
+    import radixkv.model.triton_attention as tk
+
+    dev, bs, n = args.device, pool.block_size, len(ids)
+    q = torch.randn(n, HEADS, HEAD_DIM, device=dev, dtype=dtype)
+    k_cache, v_cache = pool.k[0], pool.v[0]
+    padded = AttentionMetadata.build(
+        [1] * n, ctx, tables, block_size=bs, group_size=HEADS // KV_HEADS, backend="padded",
+        device=dev,
+    )  # fmt: skip
+    want = paged_attention(q, k_cache, v_cache, padded).float()
+    t_pad = event_time(partial(paged_attention, q, k_cache, v_cache, padded), args.repeats)
+    kind = 4 if dtype == torch.float32 else 2
+    default = (dict(tk.DECODE_CONFIGS[kind]), tk.SPLIT_LEN)
+    variants = [default]
+    if args.sweep:
+        variants += [
+            ({"BLOCK_N": bn, "num_warps": w, "num_stages": st}, sl)
+            for bn, w, st, sl in ((32, 4, 2, 256), (128, 4, 2, 256), (64, 8, 2, 256),
+                                  (64, 4, 3, 256), (64, 4, 2, 128), (64, 4, 2, 512))
+        ]  # fmt: skip
+    width = max(len(t) for t in tables)
+    bt = np.zeros((n, width), dtype=np.int64)
+    for i, t in enumerate(tables):
+        bt[i, : len(t)] = t
+    for config, split_len in variants:
+        tk.DECODE_CONFIGS[kind], tk.SPLIT_LEN = config, split_len
+        meta = tk.TritonAttention(
+            query_starts=torch.arange(n, device=dev), query_lens=torch.ones(n, dtype=torch.long,
+            device=dev), context_lens=torch.tensor(ctx, device=dev),
+            block_tables=torch.from_numpy(bt).to(dev), block_size=bs, max_query_len=1,
+            max_splits=decode_splits(max(ctx)),
+        )  # fmt: skip
+        got = meta.attend(q, k_cache, v_cache).float()
+        err = float((got - want).norm() / want.norm())
+        t = event_time(partial(meta.attend, q, k_cache, v_cache), args.repeats)
+        label = f"{config} split {split_len}" + (
+            " (default)" if (config, split_len) == default else ""
+        )
+        print(
+            f"decode attention, one layer, {n} seqs, {str(dtype)[6:]}: padded {t_pad:.4f} ms, "
+            f"triton {label} {t:.4f} ms ({t_pad / t:.1f}x); rel err vs padded {err:.1e}"
+        )
+        rows.append(
+            {"table": "decode_attention", "what": f"triton {label}", "dtype": str(dtype)[6:],
+             "median_ms": round(t, 5), "padded_ms": round(t_pad, 5), "rel_err_vs_padded": err}
+        )  # fmt: skip
+    tk.DECODE_CONFIGS[kind], tk.SPLIT_LEN = default
 
 
 def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
@@ -220,6 +285,30 @@ def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
             [length] * batch, [length] * batch, [t.cpu().numpy() for t in perm],
             block_size=bs, group_size=HEADS // KV_HEADS, backend="padded", device=dev,
         )  # fmt: skip
+        import radixkv.model.triton_attention as tk
+
+        kind = 4 if dtype == torch.float32 else 2
+        default = dict(tk.PREFILL_CONFIGS[kind])
+        if args.sweep:
+            for config in (
+                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+                {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+                {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+                {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+                {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+            ):
+                tk.PREFILL_CONFIGS[kind] = config
+                try:
+                    t = event_time(partial(meta.attend, q, k_cache, v_cache), args.repeats)
+                except Exception as exc:  # noqa: BLE001 - a config may not fit the chip
+                    print(f"  sweep {config}: failed ({type(exc).__name__})")
+                    continue
+                print(f"  sweep prefill {batch}x{length} {str(dtype)[6:]} {config}: {t:.4f} ms")
+                rows.append(
+                    {"table": "prefill_sweep", "what": str(config), "dtype": str(dtype)[6:],
+                     "shape": f"{batch}x{length}", "median_ms": round(t, 4)}
+                )  # fmt: skip
+            tk.PREFILL_CONFIGS[kind] = default
         fns = {
             "sdpa_dense": partial(
                 F.scaled_dot_product_attention, qd, kd, vd, is_causal=True, enable_gqa=True
@@ -258,6 +347,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time other kernel configs")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

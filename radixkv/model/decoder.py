@@ -15,7 +15,11 @@ no-cache reference for one sequence.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import math
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -56,6 +60,24 @@ def preferred_attention_backend(device: torch.device | str) -> str:
     return {"cpu": "cascade"}.get(kind, "loop")
 
 
+@functools.cache
+def _fused_kernels() -> ModuleType | None:
+    """:mod:`radixkv.model.fused_kernels`, or None where Triton is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    return importlib.import_module("radixkv.model.fused_kernels")
+
+
+def fused_for(x: torch.Tensor) -> ModuleType | None:
+    """The fused elementwise kernels for ``x``'s device: on CUDA (with Triton), else None.
+
+    The CPU runs the torch formulas below, as it always has; CUDA runs one
+    Triton launch per op (:mod:`~radixkv.model.fused_kernels`), which a
+    launch-bound decode step needs. Complexity: O(1).
+    """
+    return _fused_kernels() if x.is_cuda else None
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` created zero-filled: the random init is wasted work before loading."""
 
@@ -81,6 +103,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = fused_for(x)
+        if fused is not None:
+            return fused.rms_norm(x, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -131,6 +156,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        fused = fused_for(q)
+        if fused is not None:
+            q, k = fused.rope_qk(q, k, cos, sin)
+            return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
@@ -143,6 +172,9 @@ class MLP(nn.Module):
         self.down_proj = Linear(i, h, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = fused_for(x)
+        if fused is not None:
+            return self.down_proj(fused.silu_mul(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -32,8 +32,9 @@ replay it on new contents of the same tensors.
 Triton compiles these for CUDA. On the CPU they run only under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which is
 slow and is how the test suite checks them against the dense reference without a
-GPU; bfloat16 is not supported there. fp32 inputs use IEEE fp32 dot products (not
-TF32), so the backend agrees with the others to fp32 rounding.
+GPU; bfloat16 is not supported there. fp32 inputs take three TF32 tensor-core
+products per dot on CUDA (``tf32x3``: about fp32's accuracy, not TF32's), so the
+backend agrees with the others to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -50,9 +51,19 @@ __all__ = ["SPLIT_LEN", "TritonAttention", "decode_splits"]
 # hundred KB per program: enough work to amortise a program, few enough that a
 # 32-sequence batch of 1-2k contexts fills an H100's 132 SMs several times over.
 SPLIT_LEN = 256
-# Folded query rows per program in prefill/extend, and keys per inner iteration.
-PREFILL_BLOCK_M = 64
-BLOCK_N = 64
+# Launch configurations: folded query rows per program (BLOCK_M; a decode's tile is
+# its group padded to 16), keys per inner iteration (BLOCK_N), warps, pipeline
+# stages. By pool dtype size: fp32 tiles take twice the shared memory. Chosen on an
+# H200 by bench_decode.py --sweep (docs/engine.md); module-level so it can sweep them.
+PREFILL_CONFIGS = {
+    4: {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    2: {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+}
+DECODE_CONFIGS = {
+    4: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    2: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+}
+_LOG2E = 1.4426950408889634
 
 
 def decode_splits(context_len: int) -> int:
@@ -87,13 +98,13 @@ def _store_kv_kernel(
 def _attention_kernel(
     Q, K, V, Out, PartOut, PartLse,
     QStart, QLen, CtxLen, BlockTable,
-    sm_scale, max_splits,
+    qk_scale, max_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_bt,
     GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, PAGE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, SPLIT_LEN: tl.constexpr,
-    IEEE: tl.constexpr,
+    FP32_DOT: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -140,23 +151,23 @@ def _attention_kernel(
             kv_off = slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
             kv_mask = key_ok[:, None] & d_ok[None, :]
             k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
+            if FP32_DOT == "":
                 s = tl.dot(q, tl.trans(k))
-            s = s * sm_scale
+            else:
+                s = tl.dot(q, tl.trans(k), input_precision=FP32_DOT)
+            s = s * qk_scale
             visible = (pos[None, :] <= limit[:, None]) & key_ok[None, :]
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
+            if FP32_DOT == "":
                 pv = tl.dot(p.to(v.dtype), v)
+            else:
+                pv = tl.dot(p.to(v.dtype), v, input_precision=FP32_DOT)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -169,7 +180,7 @@ def _attention_kernel(
                 out,
                 mask=row_ok[:, None] & d_ok[None, :],
             )
-            tl.store(PartLse + part, m_i + tl.log(l_safe), mask=row_ok)
+            tl.store(PartLse + part, m_i + tl.log2(l_safe), mask=row_ok)  # base 2
         else:
             tl.store(
                 Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -185,7 +196,10 @@ def _merge_splits_kernel(
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT_LEN: tl.constexpr,
 ):  # fmt: skip
-    """One decode token's head: the weighted sum of its pieces (zeros for a padding row)."""
+    """One decode token's head: the weighted sum of its pieces (zeros for a padding row).
+
+    The pieces' log-sum-exps are in base 2, as the attention kernel's scores are.
+    """
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(CtxLen + seq)
@@ -201,8 +215,8 @@ def _merge_splits_kernel(
         lse = tl.load(PartLse + base + j)
         o = tl.load(PartOut + (base + j) * BLOCK_D + offs_d, mask=d_ok, other=0.0)
         m_new = tl.maximum(m, lse)
-        scale = tl.exp(m - m_new)
-        w = tl.exp(lse - m_new)
+        scale = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
         acc = acc * scale + w * o
         total = total * scale + w
         m = m_new
@@ -279,18 +293,22 @@ class TritonAttention:
         q = q.contiguous()
         out = torch.empty_like(q)
         block_d = max(16, _next_pow2(d))
-        ieee = q.dtype == torch.float32
+        # fp32: three TF32 products on CUDA (about fp32's accuracy on tensor cores);
+        # the interpreter computes in fp32 whatever it is told
+        fp32_dot = ""
+        if q.dtype == torch.float32:
+            fp32_dot = "tf32x3" if q.is_cuda else "ieee"
         n = self.num_seqs
+        size = k_cache.element_size()
         common = dict(
             GROUP=group, NUM_HEADS=num_heads, PAGE=self.block_size,
-            HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-            SPLIT_LEN=SPLIT_LEN, IEEE=ieee,
+            HEAD_DIM=d, BLOCK_D=block_d, SPLIT_LEN=SPLIT_LEN, FP32_DOT=fp32_dot,
         )  # fmt: skip
         strides = (
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
             out.stride(0), out.stride(1), self.block_tables.stride(0),
         )  # fmt: skip
-        scale = 1.0 / d**0.5
+        scale = _LOG2E / d**0.5  # scores in base 2: exp2 is the cheaper instruction
         if self.max_query_len == 1:
             splits = max(1, self.max_splits)
             part_out = torch.empty(
@@ -302,7 +320,7 @@ class TritonAttention:
                 self.query_starts, self.query_lens, self.context_lens, self.block_tables,
                 scale, splits, *strides,
                 BLOCK_M=max(16, _next_pow2(group)), SPLIT=True,
-                num_warps=4, num_stages=2, **common,
+                **DECODE_CONFIGS[min(size, 4)], **common,
             )  # fmt: skip
             _merge_splits_kernel[(n, num_heads)](
                 out, part_out, part_lse, self.query_starts, self.context_lens,
@@ -311,12 +329,11 @@ class TritonAttention:
                 SPLIT_LEN=SPLIT_LEN,
             )  # fmt: skip
         else:
-            tiles = -(-self.max_query_len * group // PREFILL_BLOCK_M)
+            config = PREFILL_CONFIGS[min(size, 4)]
+            tiles = -(-self.max_query_len * group // config["BLOCK_M"])
             _attention_kernel[(n, num_kv_heads, tiles)](
                 q, k_cache, v_cache, out, out, out,
                 self.query_starts, self.query_lens, self.context_lens, self.block_tables,
-                scale, 1, *strides,
-                BLOCK_M=PREFILL_BLOCK_M, SPLIT=False,
-                num_warps=4, num_stages=2, **common,
+                scale, 1, *strides, SPLIT=False, **config, **common,
             )  # fmt: skip
         return out.view(num_tokens, num_heads * d)
