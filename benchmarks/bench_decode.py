@@ -258,7 +258,7 @@ def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
     dev = args.device
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     bs = 16
-    shapes = ((4, 1024), (1, 4096), (16, 512)) if dev == "cuda" else ((2, 48),)
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.prefill_shapes.split(",")]
     for batch, length in shapes:
         nb = batch * (length // bs)
         perm = torch.randperm(nb + 8, device=dev, generator=gen)[:nb].view(batch, -1)
@@ -275,6 +275,13 @@ def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
             max_query_len=length,
             max_splits=decode_splits(length),
         )
+        # the same kernel over pages in order (block i of sequence s is s * n + i): what the
+        # scattered tables cost over contiguous memory (the values read differ; the time not)
+        contiguous = TritonAttention(
+            query_starts=meta.query_starts, query_lens=lens, context_lens=lens,
+            block_tables=torch.arange(nb, device=dev).view(batch, -1), block_size=bs,
+            max_query_len=length, max_splits=meta.max_splits,
+        )  # fmt: skip
         # the dense call reads the same K/V, laid out contiguously per sequence
         pos = torch.arange(length, device=dev)
         slots = (perm[:, pos // bs] * bs + pos % bs).reshape(-1)
@@ -314,6 +321,7 @@ def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
                 F.scaled_dot_product_attention, qd, kd, vd, is_causal=True, enable_gqa=True
             ),
             "triton": partial(meta.attend, q, k_cache, v_cache),
+            "triton_contiguous": partial(contiguous.attend, q, k_cache, v_cache),
             "padded": partial(paged_attention, q, k_cache, v_cache, padded),
         }
         ref = fns["sdpa_dense"]().transpose(1, 2).reshape(batch * length, -1).float()
@@ -348,6 +356,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time other kernel configs")
+    ap.add_argument(
+        "--prefill-shapes", default="4x1024,1x4096,16x512", help="SEQSxLEN,... (dry run: 2x48)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 
 import pytest
@@ -305,9 +306,14 @@ def test_half_precision_paged_close_to_dense(dtype: torch.dtype, device: str) ->
     torch.testing.assert_close(got, ref, rtol=0.02, atol=0.02 * float(ref.abs().max()))
 
 
-def test_preferred_backend_per_device() -> None:
+def test_preferred_backend_per_device(monkeypatch) -> None:
     assert preferred_attention_backend("cpu") == "cascade"
-    assert preferred_attention_backend(torch.device("cuda")) == "padded"  # no GPU needed
+    assert preferred_attention_backend("mps") == "loop"
+    # CUDA (no GPU needed): the triton kernels, or padded where Triton is not installed
+    want = "triton" if importlib.util.find_spec("triton") else "padded"
+    assert preferred_attention_backend(torch.device("cuda")) == want
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert preferred_attention_backend("cuda") == "padded"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -56,11 +56,11 @@ SPLIT_LEN = 256
 # stages. By pool dtype size: fp32 tiles take twice the shared memory. Chosen on an
 # H200 by bench_decode.py --sweep (docs/engine.md); module-level so it can sweep them.
 PREFILL_CONFIGS = {
-    4: {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-    2: {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    4: {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    2: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
 }
 DECODE_CONFIGS = {
-    4: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    4: {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
     2: {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
 }
 _LOG2E = 1.4426950408889634
