@@ -2,7 +2,10 @@
 
 A Llama-family decoder over a paged KV pool (:mod:`~radixkv.model.decoder`), its
 attention backends (:mod:`~radixkv.model.attention`, :mod:`~radixkv.model.cascade`,
-sharing :mod:`~radixkv.model.gather`), the pool (:mod:`~radixkv.model.kvpool`), the
+sharing :mod:`~radixkv.model.gather`; the Triton kernels of
+:mod:`~radixkv.model.triton_attention`, with :mod:`~radixkv.model.fused_kernels` and the
+decode graphs of :mod:`~radixkv.model.cuda_graphs` for CUDA), the pool
+(:mod:`~radixkv.model.kvpool`), the
 one record a step hands the model (:mod:`~radixkv.model.forward_batch`, the one place
 block ids become tensors), and loading from Hugging Face safetensors or GGUF
 (:mod:`~radixkv.model.loading`, :mod:`~radixkv.model.tokenizer`). Nothing here
