@@ -13,14 +13,7 @@ set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/radixkv-site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/radixkv-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-else
-    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-fi
+source benchmarks/gpu_env.sh
 LOG="$OUT/log.txt"
 stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 

@@ -8,14 +8,7 @@ set -uo pipefail
 OUT=${1:?usage: gpu_heldout.sh OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/radixkv-site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/radixkv-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-else
-    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-fi
+source benchmarks/gpu_env.sh
 {
     echo "=== kernel tests with the chosen configs"
     timeout 60 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_triton_attention.py \

@@ -221,28 +221,27 @@ class ForwardBatch:
             "slot_mapping": block_of_token * bs + positions % bs,
             "last_token_index": np.cumsum(np.asarray(qls, dtype=np.int64)) - 1,
         }
+        meta, plan, kernel = None, None, None
         if backend == "triton":
-            return cls._build_for_kernel(
-                host, qls, cls_, tables, bs, num_blocks, group_size, device
+            moved, kernel = cls._kernel_metadata(host, qls, cls_, tables, bs, device)
+        else:
+            paged = "loop" if backend == "cascade" else backend
+            meta_host = AttentionMetadata.host_indices(
+                qls, cls_, ctx_blocks, block_size=bs, backend=paged
             )
-        paged = "loop" if backend == "cascade" else backend
-        meta_host = AttentionMetadata.host_indices(
-            qls, cls_, ctx_blocks, block_size=bs, backend=paged
-        )
-        moved = indices_to_device({**host, **meta_host}, device)
-        meta = AttentionMetadata.from_indices(
-            {name: moved[name] for name in meta_host},
-            qls,
-            cls_,
-            block_size=bs,
-            group_size=group_size,
-            backend=paged,
-        )
-        plan = None
-        if backend == "cascade":
-            plan = plan_cascade(
-                qls, cls_, tables, block_size=bs, group_size=group_size, device=device
+            moved = indices_to_device({**host, **meta_host}, device)
+            meta = AttentionMetadata.from_indices(
+                {name: moved[name] for name in meta_host},
+                qls,
+                cls_,
+                block_size=bs,
+                group_size=group_size,
+                backend=paged,
             )
+            if backend == "cascade":
+                plan = plan_cascade(
+                    qls, cls_, tables, block_size=bs, group_size=group_size, device=device
+                )
         return cls(
             input_ids=moved["input_ids"],
             positions=moved["positions"],
@@ -255,21 +254,23 @@ class ForwardBatch:
             group_size=group_size,
             attention=meta,
             cascade=plan,
+            kernel=kernel,
         )
 
-    @classmethod
-    def _build_for_kernel(
-        cls,
+    @staticmethod
+    def _kernel_metadata(
         host: dict[str, np.ndarray],
         qls: list[int],
         cls_: list[int],
         tables: list[np.ndarray],
         bs: int,
-        num_blocks: int,
-        group_size: int,
         device: torch.device | str,
-    ) -> ForwardBatch:
-        """:meth:`build`'s ``triton`` half: block tables padded to one width, one copy."""
+    ) -> tuple[dict[str, torch.Tensor], TritonAttention]:
+        """:meth:`build`'s ``triton`` half: ``host`` and the kernels' metadata moved in one copy.
+
+        Block tables are padded to the widest one. ``ValueError`` where the
+        backend cannot run on ``device``, before any tensor exists.
+        """
         if not triton_backend_runs_on(device):
             raise ValueError(
                 "backend 'triton' needs Triton and a CUDA device (or TRITON_INTERPRET=1), "
@@ -303,16 +304,4 @@ class ForwardBatch:
             max_query_len=max(qls),
             max_splits=decode_splits(max(cls_)),
         )
-        return cls(
-            input_ids=moved["input_ids"],
-            positions=moved["positions"],
-            slot_mapping=moved["slot_mapping"],
-            last_token_index=moved["last_token_index"],
-            query_lens=qls,
-            context_lens=cls_,
-            block_size=bs,
-            num_blocks=num_blocks,
-            group_size=group_size,
-            attention=None,
-            kernel=kernel,
-        )
+        return moved, kernel
