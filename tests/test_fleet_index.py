@@ -280,6 +280,52 @@ def test_exact_index_tracks_the_device_tier_of_a_replica_with_a_host_tier() -> N
     idx.check()
 
 
+def test_exact_blocks_stored_after_a_clear_in_the_same_batch_are_kept() -> None:
+    """An ``AllBlocksCleared`` empties the replica where it stands; what follows it applies."""
+    idx = ExactIndex(block_size=BS, clock=FakeClock())
+    a, b = chain(A), chain(B)
+    idx.apply("r0", [stored(a)])
+    idx.apply("r1", [stored(b[:3])])  # a[:3] == b[:3]: both replicas in those masks
+    idx.apply("r0", [AllBlocksCleared(), stored(b[:5]), *removed(b[4])])
+    assert idx.blocks("r0") == set(b[:4])
+    assert idx.match(b) == {"r0": 4, "r1": 3} and idx.match(a) == {"r0": 3, "r1": 3}
+    idx.check()
+    # The issue's batch: a block the replica held before the clear, stored again, then removed.
+    idx.apply("r0", [AllBlocksCleared(), stored(b[:1]), *removed(b[0])])
+    assert idx.blocks("r0") == set() and idx.match(b) == {"r1": 3}
+    idx.check()
+    idx.apply("r0", [stored(a[:2]), AllBlocksCleared(), AllBlocksCleared(), stored(a[:1])])
+    assert idx.blocks("r0") == {a[0]} and idx.match(a) == {"r0": 1, "r1": 3}
+    idx.check()
+
+
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_exact_follows_a_cache_reset_and_inserts_in_one_batch(kind: str) -> None:
+    """``cache.reset()`` then inserts before the next ``take_events``: one batch spans both."""
+    from radixkv.cache import BlockAllocator, HashBlockCache, RadixCache
+
+    alloc = BlockAllocator(32, BS)
+    cache = (RadixCache if kind == "radix" else HashBlockCache)(alloc, events=HASHER)
+    idx = ExactIndex(block_size=BS, clock=FakeClock())
+
+    def insert(tokens: list[int]) -> None:
+        blocks = alloc.alloc(len(tokens) // BS)
+        cache.insert(tokens, blocks)
+        alloc.decref(blocks)
+
+    insert(A)
+    idx.apply("r0", cache.take_events())
+    cache.reset()
+    insert(B)
+    insert(A[:8])
+    events = cache.take_events()
+    assert isinstance(events[0], AllBlocksCleared) and len(events) > 1
+    idx.apply("r0", events)
+    assert idx.blocks("r0") == set(chain(B)) | set(chain(A[:8]))
+    assert idx.match(chain(A)) == {"r0": 3}  # not the 10 blocks the reset dropped
+    idx.check()
+
+
 def test_exact_rejects_foreign_events() -> None:
     idx = ExactIndex(block_size=BS, clock=FakeClock())
     with pytest.raises(ValueError, match="block_size must be 4 in replica 'r0'.*got 16"):
@@ -541,6 +587,35 @@ class ExactMachine(RuleBasedStateMachine):
         self.real[r] = set()
         self.spec.pop(r, None)
 
+    @rule(
+        r=st.sampled_from(REPLICAS),
+        steps=st.lists(
+            st.tuples(st.sampled_from(["store", "remove", "clear"]), prompts, st.integers(0, 6)),
+            min_size=1,
+            max_size=5,
+        ),
+    )
+    def batch(self, r: str, steps: list[tuple[str, tuple[list[int], object], int]]) -> None:
+        """Several events in one ``apply``, clears among them (a batch that spans a reset)."""
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
+        for kind, prompt, cut in steps:
+            hashes = chain(*prompt)
+            if kind == "clear":
+                events.append(AllBlocksCleared())
+                self.real[r] = set()
+                self.spec.pop(r, None)
+            elif kind == "store":
+                events.append(stored(hashes[cut:]))
+                self.real.setdefault(r, set()).update(hashes[cut:])
+                for h in hashes[cut:]:
+                    self.spec.get(r, {}).pop(h, None)
+            else:
+                events += removed(*hashes[cut : cut + 2])
+                for h in hashes[cut : cut + 2]:
+                    self.real.get(r, set()).discard(h)
+                    self.spec.get(r, {}).pop(h, None)
+        self.idx.apply(r, events)
+
     @rule(r=st.sampled_from(REPLICAS), prompt=prompts)
     def speculate(self, r: str, prompt: tuple[list[int], object]) -> None:
         hashes = chain(*prompt)
@@ -578,3 +653,65 @@ class ExactMachine(RuleBasedStateMachine):
 
 
 TestExactMachine = ExactMachine.TestCase
+
+
+class ExactVsCacheMachine(RuleBasedStateMachine):
+    """ExactIndex fed a real cache's events against what the cache holds.
+
+    Events are taken only when the ``publish`` rule runs, so one batch may span
+    any mix of inserts, evictions and resets (a reset followed by inserts
+    included). What the cache holds is computed independently: for every block
+    an insert adopted, the chained hash of the prefix it was adopted for.
+    """
+
+    @initialize(kind=st.sampled_from(["radix", "hash"]), bs=st.sampled_from([1, 2, 4]))
+    def setup(self, kind: str, bs: int) -> None:
+        from radixkv.cache import BlockAllocator, HashBlockCache, RadixCache
+
+        self.bs = bs
+        self.alloc = BlockAllocator(num_blocks=24, block_size=bs)
+        self.cache = (RadixCache if kind == "radix" else HashBlockCache)(self.alloc, events=HASHER)
+        self.idx = ExactIndex(block_size=bs, clock=FakeClock())
+        self.origin: dict[int, int] = {}  # cached block -> hash of the prefix it was adopted for
+        note(f"{kind} bs={bs}")
+
+    @rule(prompt=prompts)
+    def serve(self, prompt: tuple[list[int], object]) -> None:
+        tokens, ns = prompt
+        alloc, cache = self.alloc, self.cache
+        m = cache.match(tokens, namespace=ns)
+        need = len(tokens) // self.bs - len(m.blocks)
+        if need > alloc.num_free:
+            cache.evict(need - alloc.num_free)
+        if need > alloc.num_free:
+            alloc.decref(m.blocks)
+            return
+        blocks = list(m.blocks) + alloc.alloc(need)
+        before = set(cache.held_blocks().tolist())
+        cache.insert(tokens, blocks, namespace=ns)
+        hashes = chain_hashes(HASHER, np.array(tokens, dtype=np.int32), self.bs, ns)
+        for b, h in zip(blocks, hashes, strict=True):
+            if b not in before:
+                self.origin[b] = h
+        alloc.decref(blocks)
+
+    @rule(k=st.integers(0, 10))
+    def evict(self, k: int) -> None:
+        self.cache.evict(k)
+
+    @rule()
+    def reset(self) -> None:
+        self.cache.reset()
+
+    @rule()
+    def publish(self) -> None:
+        events = self.cache.take_events()
+        note(f"batch {[type(e).__name__ for e in events]}")
+        self.idx.apply("r", events)
+        held = self.cache.held_blocks().tolist()
+        self.origin = {b: self.origin[b] for b in held}
+        assert self.idx.blocks("r") == set(self.origin.values())
+        self.idx.check()
+
+
+TestExactVsCacheMachine = ExactVsCacheMachine.TestCase

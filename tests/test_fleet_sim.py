@@ -21,7 +21,7 @@ from radixkv.fleet.sim import (
     simulate,
     single_cache_hit_rate,
 )
-from radixkv.fleet.workloads import grouped_prompts, hot_prompt
+from radixkv.fleet.workloads import group_sizes, grouped_prompts, hot_prompt
 from radixkv.replay.replay import replay
 from radixkv.replay.trace import load_trace
 from tests.trace_paths import TRACES
@@ -350,3 +350,93 @@ def test_cli_missing_trace_exits_2(capsys, tmp_path) -> None:
         capsys, "route-sim", str(tmp_path / "none.jsonl"), "--replicas", "2", "--capacity", "9"
     )
     assert code == 2 and len(err.strip().splitlines()) == 1 and "none.jsonl" in err
+
+
+def strict_json(text: str) -> dict:
+    """``json.loads`` that refuses NaN and Infinity, as a strict JSON parser does."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("requests", [16, 20, 33, 1000])
+def test_cli_synthetic_groups_simulates_exactly_the_requests_asked(capsys, requests) -> None:
+    code, out, _ = run_cli(
+        capsys,
+        "route-sim",
+        "--synthetic",
+        "groups",
+        "--requests",
+        str(requests),
+        "--replicas",
+        "2",
+        "--capacity",
+        "64",
+        "--routers",
+        "round_robin",
+        "--json",
+        "--no-progress",
+    )
+    assert code == 0
+    assert strict_json(out)["round_robin"]["num_requests"] == requests
+
+
+@pytest.mark.parametrize("requests", [1, 5, 15])
+def test_cli_synthetic_groups_refuses_fewer_requests_than_groups(capsys, requests) -> None:
+    code, out, err = run_cli(
+        capsys,
+        "route-sim",
+        "--synthetic",
+        "groups",
+        "--requests",
+        str(requests),
+        "--replicas",
+        "2",
+        "--capacity",
+        "64",
+        "--no-progress",
+    )
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"--requests ({requests}) must be at least --groups (16)" in err
+
+
+def test_group_sizes_split_a_total_evenly() -> None:
+    assert group_sizes(20, 16) == [2] * 4 + [1] * 12
+    assert group_sizes(32, 16) == [2] * 16
+    assert sum(group_sizes(1000, 16)) == 1000
+    with pytest.raises(ValueError, match=r"num_requests must be >= groups \(16\).*got 5"):
+        group_sizes(5, 16)
+    g = grouped_prompts(3, [1, 4, 2], system_len=2, seed=0)
+    heads = [tuple(r.tokens[:2]) for r in g]
+    assert sorted(heads.count(h) for h in set(heads)) == [1, 2, 4]
+    assert [r.request_id for r in g] == list(range(7))
+    # Equal counts give what one count for every group gives (same seed, same workload).
+    same, one = grouped_prompts(3, [2, 2, 2], seed=4), grouped_prompts(3, 2, seed=4)
+    assert [r.tokens.tolist() for r in same] == [r.tokens.tolist() for r in one]
+    with pytest.raises(ValueError, match=r"prompts_per_group must have one count per group \(3\)"):
+        grouped_prompts(3, [1, 2])
+    with pytest.raises(ValueError, match=r"prompts_per_group\[1\] must be an int >= 1, got 0"):
+        grouped_prompts(3, [1, 0, 2])
+
+
+def test_cli_json_is_strict_when_a_ratio_is_undefined(capsys, tmp_path) -> None:
+    """No block is ever reused (nor full): the single cache hits nothing, so ``vs_single_cache``
+    is undefined: ``null`` in JSON (never ``NaN``), ``n/a`` in the table, empty in the CSV."""
+    trace = tmp_path / "short.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+        '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [2]}\n'
+    )
+    argv = ["route-sim", str(trace), "--replicas", "2", "--capacity", "4", "--no-progress"]
+    code, out, _ = run_cli(capsys, *argv, "--routers", "round_robin,exact", "--json")
+    assert code == 0
+    data = strict_json(out)
+    for row in data.values():
+        assert row["single_cache_hit_rate"] == 0.0 and row["vs_single_cache"] is None
+    csv_path = tmp_path / "rows.csv"
+    code, out, _ = run_cli(capsys, *argv, "--routers", "round_robin", "--csv", str(csv_path))
+    assert code == 0
+    assert out.splitlines()[2].split()[:2] == ["round_robin", "n/a"]
+    assert csv_path.read_text().splitlines()[1].endswith(",0.0,")

@@ -182,16 +182,46 @@ def test_gap_is_filled_from_replay(pub: EventPublisher, sub: EventSubscriber) ->
     assert sub.num_replayed == 3 and sub.num_lost == 0 and sub.num_resets == 0
 
 
-def test_late_joiner_replays_from_start(pub: EventPublisher) -> None:
-    for i in range(5):
+@pytest.mark.parametrize("num_before", [1, 5])
+def test_late_joiner_replays_from_start(pub: EventPublisher, num_before: int) -> None:
+    for i in range(num_before):
         pub.publish(events(i), ts=float(i))
     assert pub.flush()
     with EventSubscriber(pub.endpoint, pub.replay_endpoint) as sub:
         got = sync(pub, sub)
         assert not any(isinstance(x, Reset) for x in got)
         assert seqs(got) == list(range(pub.next_seq))
-        assert [b for _, b in got[:5]] == [EventBatch(float(i), events(i)) for i in range(5)]
-        assert sub.num_replayed >= 5
+        want = [EventBatch(float(i), events(i)) for i in range(num_before)]
+        assert [b for _, b in got[:num_before]] == want
+        assert sub.num_replayed >= num_before
+
+
+@pytest.mark.parametrize("buffer_size", [2, 1])
+def test_first_live_batch_seq_1_recovers_seq_0_or_resets(buffer_size: int) -> None:
+    """Joining at seq 1 exactly (a hand-driven XPUB for the stream, a real publisher's ring for
+    replay): seq 0 comes from replay, or, when the ring has dropped it, a Reset says so."""
+    ctx = zmq.Context()
+    try:
+        xpub = ctx.socket(zmq.XPUB)
+        endpoint = f"tcp://127.0.0.1:{xpub.bind_to_random_port('tcp://127.0.0.1')}"
+        with EventPublisher(buffer_size=buffer_size) as ring:
+            for i in range(2):
+                ring.publish(events(i), ts=float(i))
+            assert ring.flush()  # the ring holds seqs 0 and 1, or only 1
+            with EventSubscriber(endpoint, ring.replay_endpoint) as sub:
+                assert recv(xpub) == [b"\x01"]  # the subscription arrived: the sub is live
+                xpub.send_multipart([b"", seq_bytes(1), pub_payload(1)])
+                got = collect(sub, 1)
+        xpub.close(linger=0)
+    finally:
+        ctx.term()
+    batch = [(1, EventBatch(1.0, events(1)))]
+    if buffer_size == 2:
+        assert got == [(0, EventBatch(0.0, events(0))), *batch]
+        assert (sub.num_replayed, sub.num_lost, sub.num_resets) == (1, 0, 0)
+    else:
+        assert got == [Reset("lost", seq=1, num_lost=1), *batch]
+        assert (sub.num_replayed, sub.num_lost, sub.num_resets) == (0, 1, 1)
 
 
 def test_late_joiner_without_replay_from_start(pub: EventPublisher) -> None:
@@ -327,6 +357,50 @@ def test_raw_publisher_gaps_garbage_and_restart() -> None:
         (1, decode_batch(b(1))),
     ]
     assert (sub.num_lost, sub.num_resets, sub.num_received) == (3, 3, 4)
+
+
+def epochs(items: list[Received | Reset]) -> list[list[int]]:
+    """The seqs delivered between Reset markers, one list per stretch."""
+    out: list[list[int]] = [[]]
+    for x in items:
+        if isinstance(x, Reset):
+            out.append([])
+        else:
+            out[-1].append(x[0])
+    return out
+
+
+@pytest.mark.parametrize("with_replay", [False, True])
+def test_a_seq_equal_to_the_last_is_a_restart(with_replay: bool) -> None:
+    """The old publisher's seqs 0, 1, 2, then the restarted one's 2 (it passed 0 and 1 before
+    the sub saw it): a Reset("restart"), never the new 2 as if it were the old one again.
+    With replay, the new publisher's 0 and 1 come from its ring before its 2."""
+    ctx = zmq.Context()
+    try:
+        xpub = ctx.socket(zmq.XPUB)
+        endpoint = f"tcp://127.0.0.1:{xpub.bind_to_random_port('tcp://127.0.0.1')}"
+        with EventPublisher() as new:  # the restarted publisher's ring: its seqs 0, 1, 2
+            for s in range(3):
+                new.publish(events(10 + s), ts=float(10 + s))
+            assert new.flush()
+            replay = new.replay_endpoint if with_replay else None
+            with EventSubscriber(endpoint, replay) as sub:
+                assert recv(xpub) == [b"\x01"]
+                for s in range(3):
+                    xpub.send_multipart([b"", seq_bytes(s), pub_payload(s)])
+                xpub.send_multipart([b"", seq_bytes(2), pub_payload(12)])  # the new stream
+                xpub.send_multipart([b"", seq_bytes(3), pub_payload(13)])
+                got = poll_until(
+                    sub, lambda out: any(x[0] == 3 for x in batches(out)), "the new seq 3"
+                )
+        xpub.close(linger=0)
+    finally:
+        ctx.term()
+    old = [(s, decode_batch(pub_payload(s))) for s in range(3)]
+    renewed = [(s, decode_batch(pub_payload(10 + s))) for s in range(4)]
+    assert got == [*old, Reset("restart", seq=2), *(renewed if with_replay else renewed[2:])]
+    assert all(a < b for run in epochs(got) for a, b in zip(run, run[1:]))  # none twice
+    assert sub.num_resets == 1 and sub.num_lost == 0
 
 
 # ------------------------------------------------------------ lifecycle and errors

@@ -1,10 +1,13 @@
 """``radixkv route-sim``: routers compared on a simulated fleet (:mod:`radixkv.fleet.sim`).
 
 Every flag and output path is checked before anything runs; bad input exits 2
-with one line on stderr. ``--json`` prints one object keyed by router name;
-otherwise a table. ``--csv`` writes the rows, ``--png`` a bar chart (needs
+with one line on stderr. ``--json`` prints one strict JSON object keyed by
+router name (an undefined figure, such as ``vs_single_cache`` when the single
+cache hits nothing, is ``null``); otherwise a table (``n/a`` there).
+``--csv`` writes the rows (an empty cell), ``--png`` a bar chart (needs
 matplotlib: without it ``--png`` is bad input). A tqdm bar goes to stderr
-unless ``--no-progress``.
+unless ``--no-progress``. ``--synthetic`` makes exactly ``--requests``
+requests (``groups`` needs at least one per group).
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from radixkv.fleet.sim import (
     simulate,
     single_cache_hit_rate,
 )
-from radixkv.fleet.workloads import SYNTHETIC_WORKLOADS, grouped_prompts, hot_prompt
+from radixkv.fleet.workloads import (
+    SYNTHETIC_WORKLOADS,
+    group_sizes,
+    grouped_prompts,
+    hot_prompt,
+)
 from radixkv.replay.cli_types import (
     fail,
     int_in,
@@ -103,8 +111,14 @@ def _can_plot() -> bool:
 
 def _requests(args: argparse.Namespace) -> list[SimRequest] | int:
     if args.synthetic == "groups":
-        per = max(1, args.requests // args.groups)
-        return grouped_prompts(args.groups, per, system_len=args.system_len, seed=args.seed)
+        if args.requests < args.groups:
+            return fail(
+                PROG,
+                f"--requests ({args.requests}) must be at least --groups ({args.groups}): "
+                "every group needs a prompt",
+            )
+        sizes = group_sizes(args.requests, args.groups)
+        return grouped_prompts(args.groups, sizes, system_len=args.system_len, seed=args.seed)
     if args.synthetic == "hot":
         return hot_prompt(
             args.requests,
@@ -192,7 +206,8 @@ def run_route_sim(args: argparse.Namespace) -> int:
         )
         row = res.to_dict()
         row["single_cache_hit_rate"] = baseline
-        row["vs_single_cache"] = res.hit_rate / baseline if baseline else float("nan")
+        # The single cache hit nothing (no block is ever reused): the ratio is undefined.
+        row["vs_single_cache"] = res.hit_rate / baseline if baseline else None
         results[name] = row
     try:
         if args.csv:
@@ -207,7 +222,7 @@ def run_route_sim(args: argparse.Namespace) -> int:
     except OSError as exc:
         return fail(PROG, f"cannot write output: {exc}")
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps(_json_ready(results), allow_nan=False))
         return 0
     width = max(len("router"), *(len(n) for n in routers))
     print(
@@ -217,8 +232,24 @@ def run_route_sim(args: argparse.Namespace) -> int:
     print(f"{'router':<{width}} " + " ".join(f"{c:>12}" for c in ("vs_single", *_COLUMNS)))
     for name, row in results.items():
         cells = [row["vs_single_cache"], *(row[c] for c in _COLUMNS)]
-        print(f"{name:<{width}} " + " ".join(f"{v:>12.4g}" for v in cells))
+        print(f"{name:<{width}} " + " ".join(_cell(v) for v in cells))
     return 0
+
+
+def _json_ready(value: object) -> object:
+    """``value`` with every non-finite float as None: strict JSON has no NaN or Infinity."""
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _cell(value: float | None) -> str:
+    """A table cell: 4 significant digits, ``n/a`` for an undefined figure."""
+    return f"{'n/a':>12}" if value is None else f"{value:>12.4g}"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -264,7 +295,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eviction", choices=("lru", "level"), default="lru")
     p.add_argument("--seed", type=int_in(0), default=0, help="seed for random routers/workloads")
     p.add_argument("--synthetic", choices=SYNTHETIC_WORKLOADS, help="a synthetic workload")
-    p.add_argument("--requests", type=positive_int, default=1000, help="synthetic: requests")
+    p.add_argument(
+        "--requests",
+        type=positive_int,
+        default=1000,
+        help="synthetic: requests, exactly (groups: at least --groups, split evenly)",
+    )
     p.add_argument("--groups", type=positive_int, default=16, help="synthetic groups: groups")
     p.add_argument(
         "--system-len", type=int_in(0), default=8, help="synthetic: system prompt blocks"

@@ -115,6 +115,11 @@ class ExactIndex(_Clocked):
     def apply(self, replica_id: Hashable, events: Sequence[KVCacheEvent]) -> None:
         """Apply ``replica_id``'s events, oldest first.
 
+        An ``AllBlocksCleared`` empties the replica where it stands in the
+        batch: the events after it apply to the emptied replica (a cache reset
+        followed by inserts before the next ``take_events``, or vLLM's
+        ``reset_prefix_cache``, gives such a batch).
+
         ``TypeError`` naming the event for anything but the three event types;
         ``ValueError`` naming ``block_size`` for a ``BlockStored`` of another
         block size than the index's (its hashes could never match). Events
@@ -250,13 +255,16 @@ class ExactIndex(_Clocked):
             return
         table = self._table
         clear = ~(1 << slot)
-        for h in self._real[replica_id]:
+        real = self._real[replica_id]
+        for h in real:
             mask = table[h] & clear
             if mask:
                 table[h] = mask
             else:
                 del table[h]
-        self._real[replica_id] = set()
+        # Emptied in place, not replaced: ``apply`` holds this set across an
+        # ``AllBlocksCleared`` and goes on adding the batch's later blocks to it.
+        real.clear()
 
     def drop_replica(self, replica_id: Hashable) -> None:
         """Forget ``replica_id`` and free its bit slot. Complexity: O(its entries)."""

@@ -8,6 +8,7 @@ seeded Poisson process of ``arrival_rate`` requests per second.
 - :func:`grouped_prompts`: ``groups`` system prompts of ``system_len`` blocks,
   ``prompts_per_group`` requests each (own question of ``question_len``
   blocks), in random order: prefix affinity pays ``groups``-fold.
+  :func:`group_sizes` splits a total request count over the groups.
 - :func:`hot_prompt`: one system prompt in a ``hot_fraction`` (e.g. 90%) of
   the requests, unique prompts for the rest: the case where naive prefix
   affinity sends almost everything to one replica. A router must spread the
@@ -16,12 +17,14 @@ seeded Poisson process of ``arrival_rate`` requests per second.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from radixkv.fleet.sim import SimRequest
 from radixkv.replay.trace import MOONCAKE_BLOCK_SIZE
 
-__all__ = ["SYNTHETIC_WORKLOADS", "grouped_prompts", "hot_prompt"]
+__all__ = ["SYNTHETIC_WORKLOADS", "group_sizes", "grouped_prompts", "hot_prompt"]
 
 SYNTHETIC_WORKLOADS = ("groups", "hot")
 
@@ -79,9 +82,28 @@ def _build(
     return out
 
 
+def group_sizes(num_requests: int, groups: int) -> list[int]:
+    """``num_requests`` split over ``groups`` as evenly as it goes, the first groups one more.
+
+    ``ValueError`` naming ``num_requests`` when it is below ``groups`` (a
+    group would have no prompt). Complexity: O(groups).
+
+    >>> group_sizes(20, 16)
+    [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    """
+    groups = _check("groups", groups, 1)
+    n = _check("num_requests", num_requests, 1)
+    if n < groups:
+        raise ValueError(
+            f"num_requests must be >= groups ({groups}) so every group has a prompt, got {n}"
+        )
+    per, extra = divmod(n, groups)
+    return [per + (g < extra) for g in range(groups)]
+
+
 def grouped_prompts(
     groups: int,
-    prompts_per_group: int,
+    prompts_per_group: int | Sequence[int],
     *,
     system_len: int = 8,
     question_len: int = 2,
@@ -91,11 +113,21 @@ def grouped_prompts(
 ) -> list[SimRequest]:
     """``groups x prompts_per_group`` requests; a group's prompts share its system prompt.
 
+    ``prompts_per_group`` is one count for every group or a count per group
+    (``groups`` of them, each >= 1: :func:`group_sizes` gives a total exactly).
     Lengths in blocks (512 tokens each). The session is the group (so session
     affinity keeps a group together). ``ValueError`` for bad sizes.
     """
     groups = _check("groups", groups, 1)
-    per = _check("prompts_per_group", prompts_per_group, 1)
+    if isinstance(prompts_per_group, Sequence):
+        if len(prompts_per_group) != groups:
+            raise ValueError(
+                f"prompts_per_group must have one count per group ({groups}), "
+                f"got {len(prompts_per_group)}: {list(prompts_per_group)!r}"
+            )
+        per = [_check(f"prompts_per_group[{g}]", c, 1) for g, c in enumerate(prompts_per_group)]
+    else:
+        per = [_check("prompts_per_group", prompts_per_group, 1)] * groups
     system_len = _check("system_len", system_len, 0)
     question_len = _check("question_len", question_len, 1)
     output_tokens = _check("output_tokens", output_tokens, 0)
