@@ -63,6 +63,43 @@ def test_allocate_slots_evicts_cached_blocks_under_pressure() -> None:
     kv.check()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_may_allocate_counts_free_and_unheld_cached_blocks_and_changes_nothing(kind) -> None:
+    kv = manager(kind, num_blocks=8)
+    kv.match_prefix("a", list(range(9)))
+    assert kv.allocate_slots("a", 9)  # 5 blocks
+    kv.free("a", list(range(8)))  # 4 full blocks stay cached (none without a cache)
+    kv.match_prefix("b", [0, 1, 2, 3, 50])  # b holds 2 of them (none without a cache)
+    assert kv.allocate_slots("b", 5)
+    before = (kv.allocator.num_free, kv.cache.cached_blocks, kv.cache.stats)
+    free, unheld = kv.allocator.num_free, 2 if kind is not None else 0
+    assert kv.may_allocate(0) and kv.may_allocate(free)
+    assert kv.may_allocate(free + unheld) and not kv.may_allocate(free + unheld + 1)
+    assert (kv.allocator.num_free, kv.cache.cached_blocks, kv.cache.stats) == before
+    with pytest.raises(ValueError, match="num_blocks"):
+        kv.may_allocate(-1)
+    with pytest.raises(TypeError, match="num_blocks"):
+        kv.may_allocate(1.5)
+    kv.check()
+
+
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_allocate_slots_evicts_nothing_when_eviction_could_not_free_enough(kind) -> None:
+    # Regression: allocate_slots evicted every cached block it could, then said no anyway;
+    # a request waiting for blocks emptied the cache of prefixes others could still hit.
+    kv = manager(kind, num_blocks=8)
+    kv.match_prefix("a", list(range(7)))
+    assert kv.allocate_slots("a", 7)
+    kv.free("a", list(range(6)))  # 3 full blocks stay cached, 5 free
+    kv.match_prefix("b", [50] * 11)
+    assert not kv.allocate_slots("b", 18)  # needs 9 blocks: 5 free + 3 evictable is short
+    assert kv.block_table("b") == [] and kv.num_evicted_blocks == 0
+    assert kv.cache.cached_blocks == 3 and kv.num_cached_tokens(list(range(7))) == 6
+    assert kv.allocate_slots("b", 16)  # 8 blocks: evicting all 3 is enough
+    assert kv.num_evicted_blocks == 3
+    kv.check()
+
+
 @pytest.mark.parametrize("kind", ["radix", "hash"])
 def test_duplicates_switch_to_the_cached_blocks_and_are_freed(kind) -> None:
     kv = manager(kind, num_blocks=16)

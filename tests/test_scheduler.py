@@ -17,8 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.host import HostTier
 from radixkv.engine.kv_manager import KVCacheManager, make_cache
-from radixkv.engine.request import Request, RequestStatus, SamplingParams
+from radixkv.engine.request import FinishReason, Request, RequestStatus, SamplingParams
 from radixkv.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from radixkv.workloads import ChatWorkload, IdealPrefill
 
@@ -239,9 +240,10 @@ def test_max_num_seqs_limits_running_requests():
 
 
 # ------------------------------------------------------------------ eviction / preemption
-def test_preemption_takes_the_most_recent_request_and_recomputes_it():
+@pytest.mark.parametrize("cache", [None, "radix"])
+def test_preemption_takes_the_most_recent_request_and_recomputes_it(cache):
     bs = 4
-    sched = make_sched(None, 12, bs, max_num_batched_tokens=64)
+    sched = make_sched(cache, 12, bs, max_num_batched_tokens=64)
     d = Driver(sched)
     a = Request(np.arange(1, 17), SamplingParams(max_new_tokens=20))  # up to 9 blocks
     b = Request(np.arange(20, 28), SamplingParams(max_new_tokens=20))  # up to 7 blocks
@@ -260,6 +262,36 @@ def test_preemption_takes_the_most_recent_request_and_recomputes_it():
     assert sched.num_preemptions >= 1
     # b recomputed its prompt and the outputs it had: more prefill than its prompt
     assert b.stats().prefill_tokens > b.prompt_len
+    # Its cached tokens are its first admission's (issue 26, item 2), though with a cache
+    # its readmission matched the blocks it had computed (a shares nothing with b).
+    assert a.stats().cached_tokens == b.stats().cached_tokens == 0
+    assert (sched.cache.stats.hit_tokens > 0) == (cache is not None)
+    assert_no_leaks(sched)
+
+
+@pytest.mark.parametrize("cache", [None, "radix"])
+def test_a_preempted_request_goes_back_to_the_front_of_the_queue(cache):
+    # Issue 26, item 3: under fcfs the preempted request is first in `waiting`, ahead of a
+    # request that arrived after it and waited all along, and is admitted before it.
+    sched = make_sched(cache, 12, 4, max_num_batched_tokens=64, max_num_seqs=2)
+    d = Driver(sched)
+    a = Request(np.arange(1, 17), SamplingParams(max_new_tokens=20))
+    b = Request(np.arange(20, 28), SamplingParams(max_new_tokens=20))
+    c = Request(np.arange(30, 34), SamplingParams(max_new_tokens=2))
+    for r in (a, b, c):
+        sched.add_request(r)
+    d.step()
+    assert sched.running == [a, b] and list(sched.waiting) == [c]
+    while b.num_preemptions == 0:
+        d.step()
+    assert list(sched.waiting) == [b, c]
+    while c.status is RequestStatus.WAITING:  # one slot is free at a time: one admission
+        d.step()
+    assert b.status is not RequestStatus.WAITING, "c was admitted before the preempted b"
+    while sched.has_unfinished():
+        d.step()
+    for r in (a, b, c):
+        assert r.output_ids == expected_output(r.prompt, r.params.max_new_tokens)
     assert_no_leaks(sched)
 
 
@@ -373,6 +405,34 @@ def test_lpm_admits_the_longest_cached_prefix_first():
     assert_no_leaks(sched)
 
 
+@pytest.mark.parametrize("bound", [10, SchedulerConfig().lpm_max_wait_steps])
+def test_lpm_admits_a_cold_request_within_lpm_max_wait_steps(bound):
+    # Regression (issue 21, item 14): under lpm a request with no cached prefix waited for as
+    # long as hot-prefix requests kept arriving (here: never admitted, one slot, a new hot
+    # request every step). Once it has waited lpm_max_wait_steps steps it goes first.
+    sched = make_sched("radix", 256, 4, max_num_seqs=1, policy="lpm", lpm_max_wait_steps=bound)
+    d = Driver(sched)
+    hot = np.arange(1, 33)
+    d.run([Request(hot, SamplingParams(max_new_tokens=1))])
+    cold = Request(np.arange(40, 50), SamplingParams(max_new_tokens=2))
+    sched.add_request(cold)
+    hots = []
+    for waited in range(1, bound + 20):  # the step cold is admitted in counts as waited
+        hots.append(Request(np.concatenate([hot, [waited % VOCAB, 7]]), SamplingParams(2)))
+        sched.add_request(hots[-1])
+        d.step()
+        if cold.status is not RequestStatus.WAITING:
+            break
+    assert cold.status is RequestStatus.RUNNING, f"still waiting after {waited} steps"
+    assert bound <= waited <= bound + 1  # a hot request frees the one slot every other step
+    assert sum(h.status is not RequestStatus.WAITING for h in hots) >= bound // 2 - 1
+    while sched.has_unfinished():
+        d.step()
+    assert cold.output_ids == expected_output(cold.prompt, 2)
+    assert all(h.output_ids == expected_output(h.prompt, 2) for h in hots)
+    assert_no_leaks(sched)
+
+
 # ------------------------------------------------------------------ errors
 def test_request_larger_than_the_pool_is_rejected_before_queueing():
     sched = make_sched("radix", 8, 4)
@@ -408,6 +468,9 @@ def test_scheduler_takes_a_kv_manager():
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"max_num_seqs": -1}, "max_num_seqs"),
         ({"policy": "lifo"}, "policy"),
+        ({"lpm_max_wait_steps": 0}, "lpm_max_wait_steps"),
+        ({"lpm_max_wait_steps": 2.5}, "lpm_max_wait_steps"),
+        ({"lpm_max_wait_steps": True}, "lpm_max_wait_steps"),
     ],
 )
 def test_scheduler_config_validation(kwargs, field):
@@ -504,4 +567,146 @@ def test_namespaces_isolate_requests_in_the_scheduler():
     [a] = d.run([Request(prompt, SamplingParams(2), namespace="a")])
     assert b.stats().cached_tokens == 0 and a.stats().cached_tokens == 28
     assert a.output_ids == b.output_ids == expected_output(prompt, 2)
+    assert_no_leaks(sched)
+
+
+# ------------------------------------------------------------------ a request waiting for blocks
+class ShadowCopier:
+    """A host tier's copier for the shadow pool: moves a block's tokens and positions, and
+    wipes a block the device drops, so a wrong reload shows up as corrupted context."""
+
+    def __init__(self, num_blocks: int, bs: int) -> None:
+        self.bs = bs
+        self.tok = np.full(num_blocks * bs, -1, dtype=np.int64)
+        self.pos = np.full(num_blocks * bs, -1, dtype=np.int64)
+        self.driver: Driver | None = None
+
+    def _slots(self, blocks: np.ndarray) -> np.ndarray:
+        return (np.asarray(blocks, dtype=np.int64)[:, None] * self.bs + np.arange(self.bs)).ravel()
+
+    def backup(self, device: np.ndarray, host: np.ndarray) -> None:
+        src, dst = self._slots(device), self._slots(host)
+        self.tok[dst], self.pos[dst] = self.driver.tok[src], self.driver.pos[src]
+
+    def load(self, host: np.ndarray, device: np.ndarray) -> None:
+        src, dst = self._slots(host), self._slots(device)
+        self.driver.tok[dst], self.driver.pos[dst] = self.tok[src], self.pos[src]
+
+    def discard(self, device: np.ndarray) -> None:
+        self.driver.tok[self._slots(device)] = -1
+
+
+def tiered_sched(num_blocks: int, bs: int, host_blocks: int = 64) -> tuple[Scheduler, Driver]:
+    """A radix scheduler with a host tier whose copier keeps the driver's shadow pool."""
+    copier = ShadowCopier(host_blocks, bs)
+    tier = HostTier(BlockAllocator(host_blocks, bs), copier)
+    cache = make_cache("radix", BlockAllocator(num_blocks, bs), host=tier)
+    d = Driver(Scheduler(KVCacheManager(cache), SchedulerConfig()))
+    copier.driver = d
+    return d.sched, d
+
+
+def run_counting_waits(d: Driver, w: Request) -> int:
+    """Step ``d`` to the end; return the steps ``w`` spent waiting."""
+    waited = 0
+    while d.sched.has_unfinished():
+        waited += w.status is RequestStatus.WAITING
+        d.step()
+    return waited
+
+
+def test_a_request_waiting_for_blocks_is_looked_up_once():
+    # Regression (issue 21, item 4): admission matched a request's prefix every step it
+    # could not get blocks, then freed it: here 9 lookups (72 hit tokens) for one admission.
+    # w's cached prefix is what makes the pool's counts say it may fit, so it is looked up
+    # once, finds too few blocks, and keeps its prefix until a finishes.
+    sched = make_sched("radix", 10, 4)
+    d = Driver(sched)
+    prefix = np.arange(1, 9)
+    d.run([Request(prefix, SamplingParams(max_new_tokens=1))])  # 2 blocks cached
+    before = sched.cache.stats
+    a = Request(np.arange(200, 225), SamplingParams(max_new_tokens=8))  # 7 blocks, then 8
+    w = Request(np.concatenate([prefix, [9, 10, 11, 12, 13]]), SamplingParams(max_new_tokens=2))
+    sched.add_request(a)
+    sched.add_request(w)
+    assert run_counting_waits(d, w) >= 5
+    s = sched.cache.stats
+    assert s.num_matches - before.num_matches == 2
+    assert s.query_tokens - before.query_tokens == (a.prompt_len - 1) + (w.prompt_len - 1)
+    assert s.hit_tokens - before.hit_tokens == w.cached_tokens == 8
+    assert w.output_ids == expected_output(w.prompt, 2)
+    assert_no_leaks(sched)
+
+
+def _held_behind(pool_blocks: int) -> tuple[Scheduler, Driver, Request, Request]:
+    """A 2-block prefix cached, then ``a`` (21 tokens, 8 new) and ``w`` (the prefix + 5) queued
+    and one step taken: a runs on 6 blocks, and w, counting its own prefix as evictable,
+    matched it and found too few blocks, so it holds it."""
+    sched = make_sched("radix", pool_blocks, 4)
+    d = Driver(sched)
+    prefix = np.arange(1, 9)
+    d.run([Request(prefix, SamplingParams(max_new_tokens=1))])
+    a = Request(np.arange(200, 221), SamplingParams(max_new_tokens=8))
+    w = Request(np.concatenate([prefix, [9, 10, 11, 12, 13]]), SamplingParams(max_new_tokens=2))
+    sched.add_request(a)
+    sched.add_request(w)
+    d.step()
+    assert sched.running == [a] and w.status is RequestStatus.WAITING
+    assert len(sched.kv_manager.block_table(w.request_id)) == 2  # its prefix, nothing more
+    return sched, d, a, w
+
+
+def test_a_running_request_takes_blocks_from_the_held_request_before_preempting():
+    # 8 blocks: a's 6, w's 2. When a's decode reaches a 7th block, w gives its prefix back
+    # (it computed nothing) instead of a being preempted, and waits without blocks.
+    sched, d, a, w = _held_behind(8)
+    while w.request_id in sched.kv_manager and w.status is RequestStatus.WAITING:
+        d.step()
+    assert w.status is RequestStatus.WAITING and sched.num_preemptions == 0
+    assert len(sched.kv_manager.block_table(a.request_id)) == 7
+    while sched.has_unfinished():
+        d.step()
+    assert sched.num_preemptions == 0
+    assert a.output_ids == expected_output(a.prompt, 8)
+    assert w.output_ids == expected_output(w.prompt, 2)
+    assert_no_leaks(sched)
+
+
+def test_finishing_the_held_request_gives_its_prefix_back():
+    sched, d, a, w = _held_behind(8)
+    sched.finish(w, FinishReason.ABORT)
+    sched.check()
+    assert w.request_id not in sched.kv_manager and list(sched.waiting) == []
+    assert sched.cache.evictable_blocks == 2  # the prefix, held by nobody now
+    while sched.has_unfinished():
+        d.step()
+    assert w.status is RequestStatus.FINISHED and w.output_ids == []
+    assert_no_leaks(sched)
+
+
+def test_a_waiting_request_is_reloaded_from_the_host_once():
+    # Regression (issue 21, item 4): with a host tier, every lookup of a request that could
+    # not be admitted reloaded its prefix, and running requests evicted it again: here 5
+    # lookups and 3 reloads (24 blocks) of one 8-token prefix. Now w is not looked up
+    # until the pool's counts say it may fit, and then its prefix comes back once.
+    sched, d = tiered_sched(18, 1)
+    prefix = np.arange(1, 9)
+    d.run([Request(prefix, SamplingParams(max_new_tokens=1))])
+    d.run([Request(np.arange(100, 117), SamplingParams(max_new_tokens=1))])
+    assert sched.cache.peek(prefix) == 0  # the prefix is on the host alone
+    before = sched.cache.stats
+    shapes = [(3, 2), (2, 2), (3, 4), (2, 4)]  # (prompt, max_new_tokens): they fill the pool
+    short = [
+        Request(np.arange(p) + 200 + 10 * i, SamplingParams(m)) for i, (p, m) in enumerate(shapes)
+    ]
+    w = Request(np.concatenate([prefix, [9, 10]]), SamplingParams(max_new_tokens=2))
+    for r in [*short, w]:
+        sched.add_request(r)
+    assert run_counting_waits(d, w) >= 3
+    s = sched.cache.stats
+    assert s.num_matches - before.num_matches == len(short) + 1
+    assert s.host_hit_tokens - before.host_hit_tokens == w.cached_tokens == 8
+    assert s.loaded_blocks - before.loaded_blocks == 8
+    for r in [*short, w]:
+        assert r.output_ids == expected_output(r.prompt, r.params.max_new_tokens)
     assert_no_leaks(sched)

@@ -8,7 +8,8 @@ for the switch onto cached blocks):
   table (at most ``len(tokens) - 1`` tokens: the last one must run for its logits);
 - :meth:`allocate_slots`: grow the table to hold ``n`` tokens, evicting from the
   cache when the pool is short, and answering ``False`` (nothing allocated) when
-  even eviction is not enough;
+  even eviction is not enough; :meth:`may_allocate` asks the same of the pool
+  with no side effect, so a request that cannot fit is not looked up;
 - :meth:`cache_blocks`: offer the request's newly full blocks to the cache; where
   the cache already holds those tokens in other blocks (two requests computed the
   same prefix at once), the request switches to the cache's blocks at once and its
@@ -44,7 +45,7 @@ from radixkv.cache.events import ChainHasher
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.host import HostTier
 from radixkv.cache.null import NullCache
-from radixkv.cache.protocol import PrefixCache, check_namespace
+from radixkv.cache.protocol import PrefixCache, check_namespace, check_num_blocks
 from radixkv.cache.radix import RadixCache
 
 __all__ = ["CACHE_KINDS", "KVCacheManager", "make_cache"]
@@ -158,15 +159,41 @@ class KVCacheManager:
         self._entries[request_id] = _Entry(list(blocks), namespace, len(blocks))
         return m.num_tokens
 
+    def may_allocate(self, num_blocks: int) -> bool:
+        """False if ``num_blocks`` new blocks cannot be had now, even by evicting; no side effect.
+
+        Counts the free blocks, then (only if they are too few) the cache's
+        blocks no request holds, which bound what eviction can free: False is
+        certain, True means eviction may free enough (the cache may keep some
+        of those blocks, a pinned prefix say). ``TypeError`` / ``ValueError``
+        for a ``num_blocks`` that is not an int ``>= 0``. Complexity: O(1) when
+        enough blocks are free, else O(num_blocks), vectorised.
+
+        >>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=4, block_size=2)))
+        >>> kv.match_prefix("a", [1, 2, 3, 4, 5]), kv.allocate_slots("a", 5)
+        (0, True)
+        >>> kv.free("a", [1, 2, 3, 4])            # 2 blocks stay cached, 2 are free
+        >>> kv.may_allocate(4), kv.may_allocate(5)
+        (True, False)
+        """
+        check_num_blocks(num_blocks)
+        free = self._alloc.num_free
+        if num_blocks <= free:
+            return True
+        unheld = np.count_nonzero(self._alloc.refcounts(self._cache.held_blocks()) == 1)
+        return num_blocks <= free + int(unheld)
+
     def allocate_slots(self, request_id: Hashable, num_tokens: int) -> bool:
         """Grow the request's table to hold ``num_tokens`` positions; False if the pool cannot.
 
         Evicts from the cache when fewer blocks are free than needed. Returns
         False, with the table unchanged and nothing allocated, when even
-        eviction does not free enough (the caller waits, or preempts someone).
-        ``KeyError`` for an unknown request. Complexity: O(new blocks) plus the
-        eviction's cost, which is proportional to the blocks it frees (and the
-        leaves held by running requests that it skips), not to the cache's size.
+        eviction does not free enough (the caller waits, or preempts someone);
+        when :meth:`may_allocate` already says so, nothing is evicted either.
+        ``KeyError`` for an unknown request. Complexity: O(new blocks) plus, when
+        the pool is short, :meth:`may_allocate` and the eviction's cost, which is
+        proportional to the blocks it frees (and the leaves held by running
+        requests that it skips), not to the cache's size.
         """
         entry = self._entry(request_id)
         need = self.num_blocks_for(num_tokens) - len(entry.table)
@@ -174,6 +201,8 @@ class KVCacheManager:
             return True
         alloc = self._alloc
         if alloc.num_free < need:
+            if not self.may_allocate(need):
+                return False
             self.num_evicted_blocks += self._cache.evict(need - alloc.num_free)
             if alloc.num_free < need:
                 return False

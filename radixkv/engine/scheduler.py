@@ -8,11 +8,12 @@ decides who runs and asks the manager for blocks. Each step:
    (one decode token, or the next prefill chunk), from a token budget shared by
    the whole batch; the manager allocates blocks as tokens need them, evicting
    from the cache when the pool is short. When even that is not enough, the most
-   recently admitted running request is preempted (its blocks go back, it waits
-   again and is recomputed). Leftover budget admits waiting requests (``fcfs`` or
-   ``lpm`` order): the manager matches each one's longest cached prefix (all but
-   the last token, which must run for its logits), and those blocks head its
-   table, so cached positions read their K/V from the cache's blocks.
+   recently admitted running request is preempted (its blocks go back, it goes
+   to the front of the queue and is recomputed). Leftover budget admits waiting
+   requests (``fcfs`` or ``lpm`` order): the manager matches each one's longest
+   cached prefix (all but the last token, which must run for its logits), and
+   those blocks head its table, so cached positions read their K/V from the
+   cache's blocks.
 2. The engine runs the model on the scheduled tokens.
 3. ``postprocess(output, next_tokens)`` advances each request, appends sampled
    tokens, offers each prefill chunk's full blocks to the cache, and on finish
@@ -24,6 +25,15 @@ the match happens at admission, not at submission, and a request whose
 block-aligned prefix is being prefilled right now by a running request waits
 for it (its blocks enter the cache after every prefill chunk) instead of
 computing the same tokens in parallel.
+
+A request is looked up (counted in the cache's stats, its prefix touched for
+eviction order and reloaded from a host tier) only when the pool's counts say
+it may fit: its cached prefix is peeked first, with no side effect. If, looked
+up, it still finds too few blocks (its own prefix was among the blocks the
+counts took for evictable, or a reload took them), it keeps what it matched
+(the *held* request: at most one) and is tried first next step with no second
+lookup. A running request that needs blocks takes them from the held request
+before preempting anyone; the held request then looks up again when it may fit.
 """
 
 from __future__ import annotations
@@ -61,6 +71,12 @@ class SchedulerConfig:
     - ``max_num_seqs``: most requests running at once.
     - ``policy``: the admission order, ``"fcfs"`` (arrival order) or ``"lpm"``
       (longest cached prefix first, arrival order among equals).
+    - ``lpm_max_wait_steps``: under ``lpm``, a request that has waited this
+      many steps (``schedule`` calls since it entered the queue, or re-entered
+      it after a preemption) goes ahead of every request that has not, in
+      queue order: without it, a request with no cached prefix waits as long
+      as requests with a hot prefix keep arriving. The default is a bound on
+      starvation picked without a workload study, not a tuned value.
     - ``wait_for_shared_prefill``: hold back a request whose prefix a running
       request is prefilling right now (turn it off when nothing is cached).
     """
@@ -68,10 +84,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     policy: str = "fcfs"
+    lpm_max_wait_steps: int = 100
     wait_for_shared_prefill: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "lpm_max_wait_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -121,9 +138,11 @@ class Scheduler:
     """Admits, batches, preempts and finishes requests; their blocks live in ``kv_manager``.
 
     Ownership: a running request's blocks are held in ``kv_manager`` under its
-    ``request_id``; the scheduler frees them on finish or preemption. Waiting and
-    finished requests hold none. Not thread-safe: one thread drives
-    ``schedule`` / ``postprocess``.
+    ``request_id``; the scheduler frees them on finish or preemption. Finished
+    requests hold none, and waiting requests none but the held one (the module
+    docstring): exactly its matched prefix, given back when it is admitted,
+    finished, or a running request needs the blocks. Not thread-safe: one
+    thread drives ``schedule`` / ``postprocess``.
     """
 
     def __init__(
@@ -141,6 +160,12 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is preempted first
         self._unfinished: dict[int, Request] = {}  # waiting and running, by id
+        # The waiting request that keeps its matched prefix (at most one; it goes first).
+        self._held: Request | None = None
+        # The step at which each waiting request (re-)entered the queue (lpm's aging).
+        self._queued_at: dict[int, int] = {}
+        self.num_steps = 0
+        """Calls of :meth:`schedule` so far."""
         self.num_preemptions = 0
         self.num_evicted_blocks = 0
 
@@ -162,6 +187,7 @@ class Scheduler:
         self.validate(request)
         self.waiting.append(request)
         self._unfinished[request.request_id] = request
+        self._queued_at[request.request_id] = self.num_steps
 
     def get(self, request_id: int) -> Request | None:
         """The waiting or running request with this id; None if unknown or finished."""
@@ -173,9 +199,10 @@ class Scheduler:
         A running request's blocks go back to the pool; for any reason but
         ``ERROR`` its computed full blocks are offered to the cache first (after
         a failure nothing it holds is trusted). Sets ``finish_reason``,
-        ``error`` and ``finish_time``. ``ValueError`` if ``request`` is not
-        waiting or running here, before any change. Complexity: O(queue length)
-        to unlink it, plus the manager's ``free``.
+        ``error`` and ``finish_time``. The held request gives back its matched
+        prefix. ``ValueError`` if ``request`` is not waiting or running here,
+        before any change. Complexity: O(queue length) to unlink it, plus the
+        manager's ``free``.
         """
         if self._unfinished.get(request.request_id) is not request:
             raise ValueError(f"request {request.request_id} is not waiting or running here")
@@ -186,7 +213,10 @@ class Scheduler:
             )
             self.running.remove(request)
         else:
+            if request is self._held:
+                self._release_held()
             self.waiting.remove(request)
+            del self._queued_at[request.request_id]
         del self._unfinished[request.request_id]
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -213,9 +243,13 @@ class Scheduler:
         """Pick this step's tokens, allocating blocks for them (evicting / preempting if short).
 
         Mutates the queues and, through ``kv_manager``, the block tables and the
-        allocator; touches no tensor. Complexity: O(running + admitted) manager
-        calls, plus O(waiting) peeks under ``lpm``.
+        allocator; touches no tensor. Each admission attempt looks a request's
+        prefix up once (the held request's is kept); a request that finds too
+        few blocks becomes the held one and ends the step's admissions.
+        Complexity: O(running + admitted) manager calls, plus O(waiting) to
+        order the queue and, under ``lpm``, O(waiting) peeks.
         """
+        self.num_steps += 1
         out = SchedulerOutput()
         evicted_before = self.kv_manager.num_evicted_blocks
         budget = self.config.max_num_batched_tokens
@@ -237,9 +271,13 @@ class Scheduler:
     def _allocate(self, req: Request, num_tokens: int, keep: int, out: SchedulerOutput) -> bool:
         """Blocks for ``num_tokens`` of ``req``, preempting running requests after index ``keep``.
 
+        The held request's prefix goes back first: it has computed nothing.
         Returns False if it had to preempt ``running[keep]`` (``req``) itself.
         """
         while not self.kv_manager.allocate_slots(req.request_id, num_tokens):
+            if self._held is not None:
+                self._release_held()
+                continue
             victim = len(self.running) - 1
             self._preempt(self.running[victim], out)
             if victim == keep:
@@ -254,23 +292,39 @@ class Scheduler:
         req.num_preemptions += 1
         self.running.remove(req)
         self.waiting.appendleft(req)
+        self._queued_at[req.request_id] = self.num_steps
         out.num_preempted += 1
         self.num_preemptions += 1
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
-        """Move waiting requests to running while budget, sequence slots and blocks last."""
-        cfg, kv = self.config, self.kv_manager
+        """Move waiting requests to running while budget, sequence slots and blocks last.
+
+        Admission never preempts, and stops at the first request that does not
+        fit. One that cannot fit by the pool's counts (``may_allocate``, with
+        its cached prefix peeked) is not looked up; one that is looked up and
+        still finds too few blocks keeps its matched prefix (the held request).
+        """
+        cfg, kv, bs = self.config, self.kv_manager, self.block_size
         admitted: set[int] = set()
         for req in self._admission_order():
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 break
-            if self._waits_for_prefill(req):
+            if req is self._held:
+                cached = len(kv.block_table(req.request_id)) * bs
+            elif self._waits_for_prefill(req):
                 continue
-            cached = kv.match_prefix(req.request_id, req.tokens, req.namespace)
+            else:
+                peeked = kv.num_cached_tokens(req.tokens, req.namespace)
+                stop = min(req.num_tokens, peeked + budget)
+                if not kv.may_allocate(kv.num_blocks_for(stop) - peeked // bs):
+                    break
+                cached = kv.match_prefix(req.request_id, req.tokens, req.namespace)
             n = min(req.num_tokens - cached, budget)
             if not kv.allocate_slots(req.request_id, cached + n):
-                kv.free(req.request_id)
-                break  # admission never preempts; try again next step
+                self._held = req
+                break
+            self._held = None
+            del self._queued_at[req.request_id]
             req.num_computed_tokens = cached
             req.prefill_end = req.num_tokens
             if req.cached_tokens < 0:
@@ -284,14 +338,33 @@ class Scheduler:
             self.waiting = deque(r for r in self.waiting if r.request_id not in admitted)
 
     def _admission_order(self) -> list[Request]:
-        """Waiting requests in the order the policy admits them (no side effect on the cache)."""
-        waiting = list(self.waiting)
-        if self.config.policy == "fcfs" or len(waiting) < 2 or len(waiting) > LPM_MAX_QUEUE:
-            return waiting
+        """Waiting requests in the order the policy admits them (no side effect on the cache).
+
+        The held request first; then, under ``lpm``, requests that have waited
+        ``lpm_max_wait_steps`` steps in queue order, then the rest by cached prefix.
+        """
+        held = self._held
+        waiting = [r for r in self.waiting if r is not held]
+        if self.config.policy == "lpm" and 1 < len(waiting) <= LPM_MAX_QUEUE:
+            waiting = self._lpm_order(waiting)
+        return waiting if held is None else [held, *waiting]
+
+    def _lpm_order(self, waiting: list[Request]) -> list[Request]:
+        """``waiting`` by cached prefix (arrival order among equals), overdue requests first."""
+        due = self.num_steps - self.config.lpm_max_wait_steps
+        queued_at = self._queued_at
+        overdue = [r for r in waiting if queued_at[r.request_id] <= due]
+        rest = [r for r in waiting if queued_at[r.request_id] > due]
         peek = self.kv_manager.num_cached_tokens
-        cached = [peek(req.tokens, req.namespace) for req in waiting]
-        order = sorted(range(len(waiting)), key=lambda k: -cached[k])  # stable: arrival ties
-        return [waiting[k] for k in order]
+        cached = [peek(req.tokens, req.namespace) for req in rest]
+        order = sorted(range(len(rest)), key=lambda k: -cached[k])  # stable: arrival ties
+        return overdue + [rest[k] for k in order]
+
+    def _release_held(self) -> None:
+        """The held request, if any, gives back its matched prefix and waits as any other."""
+        if self._held is not None:
+            self.kv_manager.free(self._held.request_id)
+            self._held = None
 
     def _waits_for_prefill(self, req: Request) -> bool:
         """True if a running request is prefilling a block-aligned prefix ``req`` shares.
@@ -360,9 +433,10 @@ class Scheduler:
         """Verify the bookkeeping; ``InvariantError`` naming the first broken rule.
 
         Running requests hold blocks covering their computed tokens; waiting
-        ones hold none; at most ``max_num_seqs`` run; and (``kv_manager.check``) every
-        block's refcount equals the references requests and the cache hold.
-        Complexity: O(num_blocks + held blocks).
+        ones hold none but the held request, which waits holding its matched
+        prefix and nothing more; at most ``max_num_seqs`` run; and
+        (``kv_manager.check``) every block's refcount equals the references
+        requests and the cache hold. Complexity: O(num_blocks + held blocks).
         """
         kv = self.kv_manager
         for req in self.running:
@@ -375,14 +449,27 @@ class Scheduler:
         for req in self.waiting:
             if req.status is not RequestStatus.WAITING:
                 raise InvariantError(f"{req} is in the waiting queue")
-            if req.request_id in kv or req.num_computed_tokens:
+            if req.num_computed_tokens or (req.request_id in kv and req is not self._held):
                 raise InvariantError(f"{req} waits while holding blocks")
+        held = self._held
+        if held is not None:
+            if held.status is not RequestStatus.WAITING or held not in self.waiting:
+                raise InvariantError(f"held {held} is not waiting")
+            if held.request_id not in kv:
+                raise InvariantError(f"held {held} holds no matched prefix")
+            if len(kv.block_table(held.request_id)) * self.block_size >= held.num_tokens:
+                raise InvariantError(f"held {held} holds more than a matched prefix")
         if len(self.running) > self.config.max_num_seqs:
             raise InvariantError("more requests run than max_num_seqs")
-        if kv.num_requests != len(self.running):
-            raise InvariantError(f"kv holds {kv.num_requests} requests, {len(self.running)} run")
+        if kv.num_requests != len(self.running) + (held is not None):
+            raise InvariantError(
+                f"kv holds {kv.num_requests} requests; {len(self.running)} run and "
+                f"{int(held is not None)} is held"
+            )
         if len(self._unfinished) != len(self.running) + len(self.waiting) or any(
             self._unfinished.get(r.request_id) is not r for r in (*self.running, *self.waiting)
         ):
             raise InvariantError("the id index does not match the waiting and running queues")
+        if self._queued_at.keys() != {r.request_id for r in self.waiting}:
+            raise InvariantError("the queue times do not match the waiting queue")
         kv.check()
