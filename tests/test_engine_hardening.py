@@ -8,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from radixkv.cache.events import ChainHasher
 from radixkv.engine import Engine, EngineConfig
 from radixkv.engine.request import FinishReason, Request, SamplingParams
 from radixkv.model import ModelConfig, random_model
@@ -365,4 +366,30 @@ def test_any_mix_of_requests_aborts_and_failures_leaves_the_engine_whole(flaky, 
                             assert "poisoned batch" in req.error
                     engine.check()
     drain(engine)
+    assert_nothing_held(engine)
+
+
+# ----------------------------------------------------------------- issue 21, item 5
+@pytest.mark.parametrize("bad", ["\ud800", ("tenant", "\udfff")], ids=["str", "tuple"])
+def test_a_namespace_the_event_hasher_cannot_encode_is_refused_before_queueing(model, bad):
+    """With events on (sha256_cbor, the fleet's default), a namespace holding a lone
+    surrogate (legal JSON) is a ValueError naming it at add_request, not a corrupt cache
+    at the request's first insert."""
+    pytest.importorskip("cbor2")
+    engine = Engine(
+        model, EngineConfig(num_blocks=64, block_size=4), events=ChainHasher("sha256_cbor")
+    )
+    prompt = list(range(1, 18))
+    params = SamplingParams(max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"^namespace .*sha256_cbor") as err:
+        engine.add_request(prompt, params, namespace=bad)
+    assert ascii(bad) in str(err.value)
+    with pytest.raises(ValueError, match="namespace"):  # one bad namespace: none queued
+        engine.generate([prompt, prompt], params, namespace=["ok", bad])
+    assert not engine.scheduler.has_unfinished()
+    engine.check()
+    [a] = engine.generate([prompt], params, namespace="ok")
+    [b] = engine.generate([prompt], params, namespace="ok")
+    assert b.stats.cached_tokens == 16 and a.output_ids == b.output_ids
+    assert engine.cache.take_events()
     assert_nothing_held(engine)

@@ -352,3 +352,60 @@ def test_pins_keep_their_blocks_through_any_workload(order, ops) -> None:
         cache.unpin(pins.pop())
     cache.evict(10**6)
     assert cache.cached_blocks == 0 and alloc.num_free == 24
+
+
+def test_a_low_priority_request_through_a_high_priority_prefix_does_not_demote_it() -> None:
+    """Issue 26, item 1: insert keeps the highest priority along the path. Writing the new
+    priority over the old one would let the low-priority request demote the prefix, and the
+    prefix, matched but older than the low-priority leaf, would be evicted before it."""
+    cache, alloc = cache_with("priority")
+    high, low, other = [1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [7, 8]
+    put(cache, alloc, high, priority=5)
+    put(cache, alloc, low, priority=0)  # through high's node: its new leaf is [5, 6]
+    cache.check()
+    assert hit(cache, alloc, high) == 4  # the high-priority branch is matched
+    put(cache, alloc, other, priority=0)  # newer than everything on high's branch
+    cache.check()
+    cache.evict(1)  # [5, 6]: priority 0, older than [7, 8]; high's node is a leaf again
+    assert survivors(cache, [high, low, other]) == [True, False, True]
+    cache.evict(1)  # [7, 8]: priority 0 goes before 5, however recently used
+    assert survivors(cache, [high, low, other]) == [True, False, False]
+    cache.check()
+
+
+def test_lrfu_stops_counting_hits_at_max_hits() -> None:
+    """Issue 26: the hit cap. A leaf hit five times gets the same bonus as one hit twice
+    (max_hits=2), so the more recently used of the two outlives it; uncapped, the five hits
+    (500 ticks) would outweigh it."""
+    cache, alloc = cache_with(LrfuOrder(boost=100, max_hits=2))
+    put(cache, alloc, A)  # clock 1
+    put(cache, alloc, B)  # clock 2
+    for _ in range(5):  # clocks 3..7: key 7 + 2 * 100, not 7 + 5 * 100
+        hit(cache, alloc, A)
+    for _ in range(2):  # clocks 8, 9: key 9 + 2 * 100
+        hit(cache, alloc, B)
+    cache.evict(1)
+    assert survivors(cache, [A, B]) == [False, True]
+    cache.check()
+
+
+def test_ghost_forgets_its_oldest_entry_first() -> None:
+    """Issue 26: the ghost is a FIFO. With room for two blocks, deleting [1], [2], [3] in that
+    order forgets [1], so re-inserting [3] readmits it (protected) and re-inserting [1] does
+    not; a ghost that forgot its newest entry would have it the other way round."""
+    order = GhostOrder(boost=0, bonus=100, readmission=Readmission(ghost_ratio=0.25))
+    cache, alloc = cache_with(order, num_blocks=8)  # the ghost holds 2 blocks
+    for p in ([1], [2], [3]):
+        put(cache, alloc, p)
+    for _ in range(3):
+        assert cache.evict(1) == 1  # [1], then [2], then [3]
+    assert cache.cached_blocks == 0
+    put(cache, alloc, [3])  # remembered: readmitted
+    put(cache, alloc, [1])  # forgotten: an ordinary new leaf
+    put(cache, alloc, [9])  # newer, never seen
+    cache.check()
+    cache.evict(1)  # [1]: the oldest unprotected leaf; [3] is older but protected
+    assert survivors(cache, [[1], [3], [9]]) == [False, True, True]
+    cache.evict(1)  # [9] next: [3]'s protection outlasts it
+    assert survivors(cache, [[1], [3], [9]]) == [False, True, False]
+    cache.check()

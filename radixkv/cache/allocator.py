@@ -137,6 +137,16 @@ class BlockAllocator:
         self._refcount[out] = 1
         return out
 
+    def unalloc(self, blocks: np.ndarray) -> None:
+        """Undo the latest ``alloc_array``: ``blocks`` is what it returned, each block still
+        at refcount 1, nothing allocated or freed since. The free list is then exactly as
+        before the alloc (for a caller whose next step failed: a cache's copy, say).
+
+        ``ValueError`` as ``decref_distinct`` if a block is out of range or free, before
+        any change. Complexity: O(len(blocks)).
+        """
+        self.decref_distinct(np.ascontiguousarray(blocks[::-1]))  # a stack: last out, first in
+
     def incref(self, blocks: BlockSeq) -> None:
         """Add one reference per occurrence in ``blocks`` (a block may repeat).
 

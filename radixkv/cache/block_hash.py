@@ -140,9 +140,10 @@ def namespace_bytes(namespace: Hashable) -> bytes:
     Built from the namespace's type and ``repr``, so it is stable across
     processes for str, int, bytes and tuples of them. Two unequal namespaces
     with the same type and repr would collide here; ``HashBlockCache``
-    disambiguates them inside one cache.
+    disambiguates them inside one cache. Never fails to encode: a lone
+    surrogate in a custom ``repr`` passes through as its UTF-8 pattern.
     """
     if namespace is None:
         return b""
     t = type(namespace)
-    return f"\x00ns:{t.__module__}.{t.__qualname__}:{namespace!r}".encode()
+    return f"\x00ns:{t.__module__}.{t.__qualname__}:{namespace!r}".encode("utf-8", "surrogatepass")

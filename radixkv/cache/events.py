@@ -143,7 +143,8 @@ class ChainHasher:
 
     ``root`` is the parent digest of every first block. :meth:`hashes` gives
     the digests of a run of full blocks; :meth:`wire` the 64-bit int an event
-    carries. Immutable; ``ValueError`` for an unknown recipe, ``ImportError``
+    carries; :meth:`check_namespace` refuses a namespace the recipe cannot
+    encode. Immutable; ``ValueError`` for an unknown recipe, ``ImportError``
     (naming the package) when ``sha256_cbor`` is asked for without ``cbor2``.
 
     >>> h = ChainHasher("xxhash", seed=0)
@@ -208,6 +209,37 @@ class ChainHasher:
             out.append(seed.to_bytes(8, "big"))
             head = b""
         return out
+
+    def check_namespace(self, namespace: Hashable) -> tuple[Any, ...] | None:
+        """``namespace_extra_keys(namespace)``, checked: this recipe can encode them.
+
+        ``ValueError`` naming ``namespace`` and its value if it cannot: under
+        ``sha256_cbor`` every str in the keys (the namespace, an entry of a
+        tuple namespace, or the repr standing for any other namespace) must be
+        valid UTF-8, which a lone surrogate (``"\\ud800"``, legal in JSON) is
+        not; every ``xxhash`` namespace encodes. A cache with events on calls
+        this before it hashes a namespace's first chain, so a namespace it
+        refuses changes nothing. Changes nothing.
+        Complexity: O(size of the namespace).
+
+        >>> ChainHasher("xxhash").check_namespace("tenant-a")
+        ('tenant-a',)
+        """
+        extra = namespace_extra_keys(namespace)
+        if extra is None:
+            return None
+        try:
+            if self._cbor is not None:
+                self._cbor(extra, canonical=True)
+            else:
+                repr(extra).encode()
+        except (ValueError, TypeError) as exc:  # UnicodeEncodeError; cbor2's encode errors
+            # ascii(): the message itself must encode, wherever it is sent
+            raise ValueError(
+                f"namespace must be encodable by the {self.name} chain hash, got "
+                f"{ascii(namespace)} ({ascii(str(exc))})"
+            ) from None
+        return extra
 
     @staticmethod
     def wire(digest: Digest) -> int:

@@ -114,7 +114,10 @@ class HashBlockCache:
     across processes (sha256 / xxhash); None draws a random root. ``events``:
     a ``ChainHasher`` turns KV cache events on (module docstring;
     ``take_events``); None (the default) keeps them off at no cost.
-    ``TypeError`` naming ``events`` for anything else.
+    ``TypeError`` naming ``events`` for anything else. With events on,
+    ``match``, ``peek`` and ``insert`` refuse a namespace the hasher cannot
+    encode (``ChainHasher.check_namespace``: ``ValueError`` naming
+    ``namespace``), before any change.
 
     One cache per allocator: ``ValueError`` naming ``allocator`` if another
     live cache already claimed it (see ``radixkv.cache.allocator``). When
@@ -243,6 +246,20 @@ class HashBlockCache:
         n = len(arr) // self._bs
         return self._hasher.chain(arr[: n * self._bs].tobytes(), self._bb, extra)
 
+    def _namespace(self, namespace: Hashable) -> tuple[Hashable, _Namespace | None]:
+        """``namespace_key(namespace)`` and its record (None if it owns no block).
+
+        Raises as ``namespace_key``; with events on, ``ValueError`` naming
+        ``namespace`` if the hasher cannot encode it (``check_namespace``),
+        checked only when no record has it: a record's namespace passed when its
+        first block was adopted.
+        """
+        key = namespace_key(namespace)
+        rec = self._namespaces.get(key)
+        if rec is None and self._events is not None:
+            self._events.hasher.check_namespace(namespace)
+        return key, rec
+
     def _derive_extra(self, namespace: Hashable) -> bytes:
         extra = namespace_bytes(namespace)
         if extra in self._extras:  # another namespace in use with the same repr: disambiguate
@@ -297,7 +314,7 @@ class HashBlockCache:
         Complexity: O(matched blocks + 1) hashes and dict lookups.
         """
         arr = as_token_array(tokens)
-        rec = self._namespaces.get(namespace_key(namespace))
+        _, rec = self._namespace(namespace)
         counters = self._stats
         if stats:
             counters.num_matches += 1
@@ -330,7 +347,7 @@ class HashBlockCache:
         Complexity: O(matched blocks + 1) hashes and dict lookups.
         """
         arr = as_token_array(tokens)
-        rec = self._namespaces.get(namespace_key(namespace))
+        _, rec = self._namespace(namespace)
         if rec is None:
             return 0
         found, _, _ = self._lookup(arr, rec.extra)
@@ -382,17 +399,19 @@ class HashBlockCache:
         repeated block, or a block already cached under another name) and
         ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
         non-integer input), before any change. With events on, records one
-        ``BlockStored`` per contiguous run of adopted blocks.
+        ``BlockStored`` per contiguous run of adopted blocks; every name and
+        event digest is computed before anything changes, so an exception from
+        either hasher leaves the cache, every refcount and the event log as they
+        were.
 
         Complexity: O(full blocks) hashes and dict operations (with events on,
         plus the event hashing of the adopted blocks' tokens).
         """
         arr = as_token_array(tokens)
-        ns_key = namespace_key(namespace)
+        ns_key, rec = self._namespace(namespace)
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
         blk = check_insert_blocks(self._alloc, blocks, len(arr))
-        rec = self._namespaces.get(ns_key)
         extra = rec.extra if rec is not None else self._derive_extra(namespace)
 
         # Name every block and look it up, without changing anything, so validation can
@@ -433,6 +452,12 @@ class HashBlockCache:
                 raise ValueError(
                     f"blocks[{i}] is block {blk_list[i]}, already cached under another name"
                 )
+            # Hash the events before anything changes: a hasher that raises finds the names,
+            # the queue, the refcounts and the event log as they were.
+            if self._events is not None:
+                runs = self._event_runs(
+                    arr, adopt, found, namespace if rec is None else rec.namespace
+                )
 
         stats = self._stats
         stats.num_inserts += 1
@@ -453,7 +478,7 @@ class HashBlockCache:
                 move(block)
         if new.size:
             if self._events is not None:
-                self._stored(arr, adopt, found, blk_list, rec.namespace)
+                self._stored(runs, blk_list)
             self._alloc.incref_distinct(new)
             self._held[new] = True
             self._block_ns[new] = rec.slot
@@ -461,21 +486,22 @@ class HashBlockCache:
             stats.inserted_tokens += int(new.size) * bs
         return num_cached * bs
 
-    def _stored(
+    def _event_runs(
         self,
         arr: np.ndarray,
         adopt: list[int],
         found: list[int | None],
-        blk_list: list[int],
         namespace: Hashable,
-    ) -> None:
-        """Digest the adopted blocks (positions ``adopt``, ascending); record ``BlockStored``s.
+    ) -> list[tuple[int, list[bytes], bytes | None, np.ndarray, tuple | None]]:
+        """The event digests of the adopted blocks (positions ``adopt``, ascending); no change.
 
-        One event per contiguous run; a run after position 0 chains from the
-        digest of the cached block before it (``found``).
+        One run per contiguous stretch of positions: ``(first position,
+        digests, event parent, tokens, extra keys)``. A run after position 0
+        chains from the digest of the cached block before it (``found``).
         """
-        log, digests, bs = self._events, self._digests, self._bs
-        hasher = log.hasher
+        digests, bs = self._digests, self._bs
+        hasher = self._events.hasher
+        runs = []
         k = 0
         while k < len(adopt):
             first = adopt[k]
@@ -490,7 +516,18 @@ class HashBlockCache:
                 parent = start = digests[found[first - 1]]
                 extra = None
             tokens = arr[first * bs : (last + 1) * bs]
-            run = hasher.hashes(start, tokens, bs, extra)
+            runs.append((first, hasher.hashes(start, tokens, bs, extra), parent, tokens, extra))
+        return runs
+
+    def _stored(
+        self,
+        runs: list[tuple[int, list[bytes], bytes | None, np.ndarray, tuple | None]],
+        blk_list: list[int],
+    ) -> None:
+        """Keep the digests of ``runs`` (``_event_runs``) for the adopted blocks of ``blk_list``;
+        record one ``BlockStored`` per run."""
+        log, digests = self._events, self._digests
+        for first, run, parent, tokens, extra in runs:
             for pos, digest in enumerate(run, first):
                 digests[blk_list[pos]] = digest
             log.stored(run, parent, tokens, extra)

@@ -33,7 +33,11 @@ and leaves them (``radixkv.cache.events``) and hand it out with
 ``take_events() -> list[KVCacheEvent]``; ``events_hasher`` is that
 ``ChainHasher`` (None when off). Every built-in cache, ``NullCache`` too,
 has both (``take_events()`` is ``[]`` with events off), so a caller may use
-``getattr(cache, "take_events", None)`` for any other cache.
+``getattr(cache, "take_events", None)`` for any other cache. With events on,
+every method taking a namespace refuses one the hasher cannot encode
+(``ValueError`` naming ``namespace``; ``ChainHasher.check_namespace``),
+before any change: a caller checks a namespace up front with
+``peek([], namespace)``, O(1) in the built-in caches.
 """
 
 from __future__ import annotations

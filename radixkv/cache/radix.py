@@ -32,7 +32,7 @@ KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.events``): each
 node then also keeps its blocks' chained digests, concatenated in one bytes
 object parallel to ``blocks`` (split with it); the digest of a node's last
 block is the parent of its children's chains. ``insert`` hashes only the
-blocks it adopts and records one ``BlockStored``; ``evict`` one
+blocks it adopts, before it changes anything, and records one ``BlockStored``; ``evict`` one
 ``BlockRemoved`` per block that leaves; ``reset`` one ``AllBlocksCleared``. A
 split moves no block, so it records nothing. With events off (the default)
 nodes keep no digest and the only cost is one ``is None`` test on the insert,
@@ -88,7 +88,10 @@ class RadixCache:
 
     ``events``: a ``ChainHasher`` turns KV cache events on (module docstring;
     ``take_events``); None (the default) keeps them off at no cost.
-    ``TypeError`` naming ``events`` for anything else.
+    ``TypeError`` naming ``events`` for anything else. With events on, every
+    method taking a namespace refuses one the hasher cannot encode
+    (``ChainHasher.check_namespace``: ``ValueError`` naming ``namespace``),
+    before any change.
 
     One cache per allocator: ``ValueError`` naming ``allocator`` if another
     live cache already claimed it (see ``radixkv.cache.allocator``). When
@@ -391,18 +394,21 @@ class RadixCache:
         ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
         non-integer input), before any change.
 
-        With events on, records one ``BlockStored`` for the adopted blocks.
+        With events on, records one ``BlockStored`` for the adopted blocks. It
+        hashes them before anything changes: an exception from the hasher
+        leaves the tree, every refcount and the event log as they were. A
+        copier that raises while backing the new leaf up (``write_through`` with
+        0 hits) leaves it cached, without a host copy.
 
         Complexity: as ``match`` for the walk, plus O(len(blocks)) to validate
         (one compiled pass), plus O(adopted blocks) (and, with events on, the
         hashing of the adopted blocks' tokens).
         """
         arr = as_token_array(tokens)
-        ns_key = namespace_key(namespace)
+        ns_key, root = self._lookup_root(namespace)
         if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
             raise TypeError(f"priority must be an int, got {priority!r}")
         priority = int(priority)
-        root = self._roots.get(ns_key)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
         blk = as_block_array(blocks)
@@ -423,6 +429,12 @@ class RadixCache:
                 hosted = path[len(dev_path) :]
                 num_cached = dev_pos // bb
         new = blk[num_cached:n_blocks]
+        added = arr[pos // _TOKEN_BYTES : n_blocks * bs]  # the new leaf's tokens
+        # Hash the new leaf's blocks before anything changes: a hasher that raises finds the
+        # tree, the held map and the event log as they were.
+        chain = None
+        if self._events is not None and added.size:
+            chain = self._hash_leaf(node, split_child, split_at, namespace, added)
         # Validates all of blk, and marks the adopted blocks held (undone if it fails).
         reason, i = kernels.claim_for_insert(self._rc, self._held, blk, num_cached, n_blocks)
         if reason:
@@ -441,6 +453,7 @@ class RadixCache:
         clock = self._clock
         stats = self._stats
         stats.num_inserts += 1
+        leaf = None
         if root is None:
             if not new.size:
                 return num_cached * bs
@@ -462,9 +475,12 @@ class RadixCache:
             if hosted is not None:
                 rest = self._promote(hosted, new)
             if rest.size:
-                added = arr[pos // _TOKEN_BYTES : n_blocks * bs]
                 data = added.tobytes()
-                digests = None if self._events is None else self._stored(node, added)
+                digests = None
+                if chain is not None:
+                    hashes, chain_parent, extra = chain
+                    self._events.stored(hashes, chain_parent, added, extra)
+                    digests = b"".join(hashes)
                 leaf = _Node(
                     data,
                     rest.tobytes(),
@@ -484,11 +500,18 @@ class RadixCache:
                 self._index(leaf)
                 if leaf.readmitted:
                     self._enforce_protect_cap()
-                if self._host is not None and self._write_through and not self._write_through_hits:
-                    self._backup(leaf)
             self._alloc.incref_distinct(new)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
+            # Last, once the tree is whole: a copier that raises leaves the leaf cached
+            # without a host copy.
+            if (
+                leaf is not None
+                and self._host is not None
+                and self._write_through
+                and not self._write_through_hits
+            ):
+                self._backup(leaf)
         return num_cached * bs
 
     # -------------------------------------------------------------------- pin
@@ -516,8 +539,7 @@ class RadixCache:
         Complexity: as ``match`` (a split where the prefix ends inside a node).
         """
         arr = as_token_array(tokens)
-        ns_key = namespace_key(namespace)
-        root = self._roots.get(ns_key)
+        ns_key, root = self._lookup_root(namespace)
         # Only the device prefix can be pinned: a host-only node is already evicted.
         path, pos, split_child, split_at = self._device_part(*self._walk(root, arr))
         if split_child is not None:
@@ -626,7 +648,13 @@ class RadixCache:
                     self._split(node, keep)
                     ids = node.block_ids()
                 if self._host is not None:
-                    freed += self._evict_to_host(node, ids)
+                    try:
+                        freed += self._evict_to_host(node, ids)
+                    except BaseException:
+                        if node.entry is entry:  # the backup failed: the leaf is as it was
+                            skipped.append(entry)
+                        raise
+                    self._copier.discard(ids)  # last: a copier that raises finds the tree whole
                     continue
                 node.entry = None
                 parent = node.parent
@@ -696,8 +724,11 @@ class RadixCache:
         is what is still on the host alone. Counts ``loaded_blocks``; with events
         on, records a ``BlockStored`` (medium ``"GPU"``) per loaded node.
 
-        Raises as ``match``, before any change. Complexity: ``match``, plus a
-        second walk, plus the eviction and the copy of the loaded blocks.
+        Raises as ``match``, before any change. If the copier (or an eviction's
+        backup) raises, the caller gets no reference: the nodes loaded before
+        stay loaded, the failing one stays host-only, and the tree is whole.
+        Complexity: ``match``, plus a second walk, plus the eviction and the
+        copy of the loaded blocks.
         """
         m = self.match(tokens, namespace, stats=stats)
         if not m.host_num_tokens:
@@ -720,16 +751,24 @@ class RadixCache:
                 if alloc.num_free < k:
                     break
                 ids = alloc.alloc_array(k)  # the tree's reference
-                self._copier.load(node.host_ids(), ids)
+                try:
+                    self._copier.load(node.host_ids(), ids)
+                except BaseException:
+                    alloc.unalloc(ids)  # the node stays host-only
+                    raise
                 kernels.set_flags(self._held, ids, True)
                 self._num_cached += k
                 self._attach(node, ids)
                 alloc.incref_distinct(ids)  # the caller's: the next eviction cannot take it
                 parts.append(ids)
                 loaded += k
+        except BaseException:
+            for part in parts:  # the caller never gets them: give its references back
+                alloc.decref_distinct(part)
+            raise
         finally:
             self._loading.difference_update(nodes)
-        self._stats.loaded_blocks += loaded
+            self._stats.loaded_blocks += loaded
         moved = loaded * self._bs
         blocks = np.concatenate(parts) if loaded else m.block_array
         return MatchResult(blocks, m.num_tokens + moved, m.host_num_tokens - moved)
@@ -831,7 +870,9 @@ class RadixCache:
         """Copy device-resident ``node`` to newly taken host blocks; False if none can be had.
 
         Evicts from the host first when it is short (never ``node`` itself, which
-        has no copy yet). Complexity: O(blocks) plus the host eviction and the copy.
+        has no copy yet). A copier that raises leaves ``node`` without a copy and
+        its host blocks free (what the host eviction freed stays free).
+        Complexity: O(blocks) plus the host eviction and the copy.
         """
         k = node.num_blocks
         halloc = self._host_alloc
@@ -840,7 +881,11 @@ class RadixCache:
             if halloc.num_free < k:
                 return False
         hids = halloc.alloc_array(k)  # the tree's one reference
-        self._copier.backup(node.block_ids(), hids)
+        try:
+            self._copier.backup(node.block_ids(), hids)
+        except BaseException:
+            halloc.unalloc(hids)  # a copy that failed holds no host block
+            raise
         node.host = hids.tobytes()
         kernels.set_flags(self._host_held, hids, True)
         self._index_host(node)
@@ -857,7 +902,10 @@ class RadixCache:
         """Device eviction of leaf ``node`` (its free ``ids``) with a host tier; blocks freed.
 
         With a host copy (made now under ``write_back``) the node stays, host-only;
-        without one it is deleted with its host-only subtree.
+        without one it is deleted with its host-only subtree. Only the backup can
+        raise (the copier's), before any change: ``node`` stays a device leaf, its
+        entry popped (the caller re-files it). The caller tells the copier to
+        discard ``ids`` after.
         """
         n = len(ids)
         if node.host is None and not self._write_through and not self._backup(node):
@@ -870,19 +918,18 @@ class RadixCache:
         freed = self._alloc.decref_distinct(ids)
         kernels.set_flags(self._held, ids, False)
         self._num_cached -= n
-        self._copier.discard(ids)
         if self._events is not None:
             self._events.removed(self._digest_list(node.digests))
         if node.host is None:
             self._drop_subtree(node)
             self._unlink(node)
-            return freed
-        node.blocks = b""
-        parent = node.parent
-        if parent.parent is not None and parent.entry is None and not _has_device_child(parent):
-            self._index(parent)
-        if not node.children and node.host_entry is None:
-            self._index_host(node)
+        else:
+            node.blocks = b""
+            parent = node.parent
+            if parent.parent is not None and parent.entry is None and not _has_device_child(parent):
+                self._index(parent)
+            if not node.children and node.host_entry is None:
+                self._index_host(node)
         return freed
 
     def _evict_host(self, num_blocks: int) -> int:
@@ -1095,24 +1142,50 @@ class RadixCache:
         last = node.digests[-self._dsz :]
         return last, last, None
 
-    def _stored(self, node: _Node, tokens: np.ndarray) -> bytes:
-        """Hash the blocks of ``tokens`` adopted below ``node``; record a ``BlockStored``.
+    def _hash_leaf(
+        self,
+        node: _Node | None,
+        split_child: _Node | None,
+        split_at: int,
+        namespace: Hashable,
+        tokens: np.ndarray,
+    ) -> tuple[list[bytes], bytes | None, tuple | None]:
+        """The digests of a new leaf's ``tokens``, its event parent and extra keys; no change.
 
-        Returns their digests concatenated (the new leaf's ``digests``).
+        The leaf goes below ``node`` (None: the root ``namespace`` does not have
+        yet), or below the head of ``split_child`` cut after ``split_at`` blocks.
         """
-        start, parent, extra = self._chain_start(node)
-        log = self._events
-        digests = log.hasher.hashes(start, tokens, self._bs, extra)
-        log.stored(digests, parent, tokens, extra)
-        return b"".join(digests)
+        hasher = self._events.hasher
+        if split_child is not None:
+            dsz = self._dsz
+            start = parent = split_child.digests[(split_at - 1) * dsz : split_at * dsz]
+            extra = None
+        elif node is None:
+            start, parent, extra = hasher.root, None, namespace_extra_keys(namespace)
+        else:
+            start, parent, extra = self._chain_start(node)
+        return hasher.hashes(start, tokens, self._bs, extra), parent, extra
 
     def _digest_list(self, digests: bytes) -> list[bytes]:
         dsz = self._dsz
         return [digests[i : i + dsz] for i in range(0, len(digests), dsz)]
 
     def _root_of(self, namespace: Hashable) -> _Root | None:
-        """The namespace's root, None if it holds nothing; raises as ``namespace_key``."""
-        return self._roots.get(namespace_key(namespace))
+        """The namespace's root, None if it holds nothing; raises as ``_lookup_root``."""
+        return self._lookup_root(namespace)[1]
+
+    def _lookup_root(self, namespace: Hashable) -> tuple[Hashable, _Root | None]:
+        """``namespace_key(namespace)`` and the namespace's root (None if it holds nothing).
+
+        Raises as ``namespace_key``; with events on, ``ValueError`` naming
+        ``namespace`` if the hasher cannot encode it (``check_namespace``), checked
+        only when no root has it: a root's namespace passed when it was made.
+        """
+        ns_key = namespace_key(namespace)
+        root = self._roots.get(ns_key)
+        if root is None and self._events is not None:
+            self._events.hasher.check_namespace(namespace)
+        return ns_key, root
 
     def _walk(
         self, root: _Node | None, arr: np.ndarray

@@ -426,7 +426,8 @@ class Engine:
     def _make_request(
         self, prompt: TokenSeq, params: SamplingParams | None, namespace: Hashable
     ) -> Request:
-        """A request checked against the model and the pool (nothing queued or allocated)."""
+        """A request checked against the model, the pool and the cache (nothing queued or
+        allocated); ``ValueError`` naming ``namespace`` if the cache cannot encode it."""
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -444,6 +445,9 @@ class Engine:
                 f"stop_token_ids {bad} are outside the model's vocabulary (vocab_size {vocab})"
             )
         self.scheduler.validate(req)
+        # The cache refuses a namespace it cannot encode (its KV event hashes): say so now,
+        # not when the scheduler first matches it. A built-in cache peeks no tokens in O(1).
+        self.cache.peek(req.prompt[:0], req.namespace)
         return req
 
     def _enqueue(self, reqs: Sequence[Request], now: float) -> None:
