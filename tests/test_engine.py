@@ -301,6 +301,18 @@ def test_engine_config_validation():
         EngineConfig(block_size=0)
     with pytest.raises(ValueError, match="kv_dtype"):
         EngineConfig(kv_dtype=torch.int8)
+    for field, bad in (
+        ("lpm_max_wait_steps", 0),
+        ("cuda_graph_max_context", -1),
+        ("cuda_graphs", 1),
+    ):
+        with pytest.raises(ValueError, match=field):
+            EngineConfig(**{field: bad})
+
+
+def test_engine_passes_lpm_max_wait_steps_to_its_scheduler(model):
+    engine = Engine(model, EngineConfig(block_size=4, num_blocks=16, lpm_max_wait_steps=7))
+    assert engine.scheduler.config.lpm_max_wait_steps == 7
 
 
 def test_generate_text_needs_a_tokenizer(model):

@@ -69,6 +69,8 @@ class EngineConfig:
     - ``num_blocks``: KV pool blocks; None sizes the pool from ``kv_memory_bytes``.
     - ``cache``: ``"radix"`` (:class:`~radixkv.RadixCache`), ``"hash"``
       (:class:`~radixkv.HashBlockCache`) or None (no caching: a ``NullCache``).
+    - ``policy``: admission order, ``"fcfs"`` or ``"lpm"``; under lpm a request
+      that has waited ``lpm_max_wait_steps`` steps goes ahead of the others.
     - ``eviction``: the radix cache's eviction order, a name in
       ``radixkv.cache.eviction.EVICTION_ORDERS`` (``"level"``, ``"lru"``, ``"lfu"``,
       ``"fifo"``, ``"priority"``, ``"lrfu"``, ``"deep"``, ``"ghost"``).
@@ -100,6 +102,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     policy: str = "fcfs"
+    lpm_max_wait_steps: int = 100
     cache: str | None = "radix"
     eviction: str = "level"
     kv_dtype: torch.dtype | None = None
@@ -118,6 +121,7 @@ class EngineConfig:
             "kv_memory_bytes",
             "max_num_batched_tokens",
             "max_num_seqs",
+            "lpm_max_wait_steps",
             "cuda_graph_max_context",
         ):
             value = getattr(self, name)
@@ -337,6 +341,7 @@ class Engine:
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_num_seqs=cfg.max_num_seqs,
                 policy=cfg.policy,
+                lpm_max_wait_steps=cfg.lpm_max_wait_steps,
                 # waiting for a running request's prefill only pays when its blocks get cached
                 wait_for_shared_prefill=cfg.cache is not None or cache_factory is not None,
             ),
