@@ -12,8 +12,9 @@ Two parts:
   random-model replicas: one routed by ``exact``, one by Serve's own
   power-of-two router. The same shared-prefix workload goes to both over
   HTTP; the tests compare hit rates (from the responses' usage), outputs
-  (against one local engine), the router's index (against each replica's
-  cache), and kill a replica.
+  (against one local engine), errors (against a single server), the
+  router's index (against each replica's cache), make the policy raise, and
+  kill a replica.
 
 Every wait is bounded by a deadline.
 """
@@ -29,6 +30,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -300,6 +302,43 @@ def test_routing_state_rejects_a_bad_ttl_and_no_candidates() -> None:
         state().decide("k", req([1, 2]), [])
 
 
+class Failing:
+    """Makes a policy's ``choose`` or ``on_finish`` raise, as the exact policy's hashing did on
+    a namespace it could not encode (issue 21.7)."""
+
+    def __init__(self, policy: Any, hook: str) -> None:
+        self.calls = 0
+
+        def fail(*args: Any) -> None:
+            self.calls += 1
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+        setattr(policy, hook, fail)
+
+
+def test_a_policy_that_raises_leaves_the_counts_consistent() -> None:
+    s = state()
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
+    s.routed("k1", "a")
+    failing = Failing(s.router, "choose")
+    with pytest.raises(UnicodeEncodeError):
+        s.decide("k2", req([2] * 8, "r2"), ["a", "b"])
+    assert failing.calls == 1 and s.num_pending == 0
+    assert (s.in_flight("a"), s.in_flight("b")) == (1, 0)
+    s.check()
+    # a policy that picks a replica it was not offered is refused before anything counts
+    s.router.choose = lambda request, replicas: "z"
+    with pytest.raises(ValueError, match="the policy chose 'z', not one of"):
+        s.decide("k3", req([3] * 8, "r3"), ["a", "b"])
+    s.check()
+    # the policy hears of a request's end after the bookkeeping: the counts stay right
+    Failing(s.router, "on_finish")
+    with pytest.raises(UnicodeEncodeError):
+        s.completed("r1", "a")
+    assert s.in_flight("a") == 0 and not s.completed("r1", "a")
+    s.check()
+
+
 # ------------------------------------------------------------------ config and records
 @pytest.mark.parametrize(
     ("field", "value", "message"),
@@ -462,6 +501,42 @@ def test_prefix_router_routes_on_its_replicas_events_and_serve_s_callbacks(caplo
         router._feed.close()
 
 
+def test_prefix_router_routes_by_load_when_its_policy_raises(caplog) -> None:
+    """Issue 21.7: an exception out of ``choose_replicas`` ends Serve's routing task and the
+    request it was placing is never answered. The router logs it and offers every
+    candidate in one rank instead (Serve takes the least loaded); its other hooks log too."""
+    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray_router")
+    a, b = StandInReplica("a", {}), StandInReplica("b", {})  # no metadata: routed by load
+    router = prefix_router()
+
+    async def run() -> None:
+        failing = Failing(router.state.router, "choose")
+        call = pending({"prompt_ids": [1, 2, 3, 4, 5]}, iid="i1")
+        assert await router.choose_replicas([a, b], call) == [[a, b]]
+        assert failing.calls == 1
+        router.on_request_routed(call, a.replica_id, None)  # no decision stands: ignored
+        router.on_request_completed(a.replica_id, "i1")
+        router.state.check()
+        assert router.state.in_flight("a") == 0
+        # a decision whose end the policy fails on: logged, counts right, nothing raised
+        del router.state.router.choose
+        call = pending({"prompt_ids": [1, 2, 3, 4, 5]}, iid="i2")
+        [[chosen], _] = await router.choose_replicas([a, b], call)
+        router.on_request_routed(call, chosen.replica_id, None)
+        Failing(router.state.router, "on_finish")
+        router.on_request_completed(chosen.replica_id, "i2")
+        router.on_replica_actor_died(b.replica_id)
+        router.state.check()
+        assert router.state.in_flight("a") == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        router._feed.close()
+    assert "failed to place a request; routing it by load" in caplog.text
+    assert "ending a request failed" in caplog.text
+
+
 def test_cache_block_hashes_are_the_chain_hashes_of_what_the_cache_holds() -> None:
     pytest.importorskip("torch")
     from radixkv.serve.fleet import cache_block_hashes
@@ -512,6 +587,64 @@ def test_ray_prefix_router_is_wired_with_the_prompt_as_text() -> None:
     assert PromptText("abc").prompt == "abc"
     other = build_fleet_app("random", replicas=2, router="exact")
     assert other._bound_deployment.init_kwargs["send_prompt_text"] is False
+
+
+class StandInHandle:
+    """What ``collect_stats`` uses of the engine deployment's handle: ``broadcast("stats")``
+    answering ``results`` (or raising ``fails`` as a whole)."""
+
+    def __init__(self, results: list[Any], fails: Exception | None = None) -> None:
+        self.results, self.fails = results, fails
+
+    def broadcast(self, method: str) -> StandInHandle:
+        assert method == "stats"
+        return self
+
+    async def results_async(self, *, timeout_s: float, return_exceptions: bool) -> list[Any]:
+        if self.fails is not None:
+            raise self.fails
+        errors = [r for r in self.results if isinstance(r, Exception)]
+        if errors and not return_exceptions:
+            raise errors[0]
+        return self.results
+
+
+def test_replica_stats_report_a_dead_replica_as_unreachable() -> None:
+    """Issue 21.8: GET /replicas was a plain 500 while one replica was dead (Serve had not
+    dropped it yet): the live ones are reported, the dead one as unreachable."""
+    pytest.importorskip("torch")
+    from ray.exceptions import ActorDiedError
+
+    from radixkv.serve.errors import ApiError
+    from radixkv.serve.fleet_ingress import collect_stats
+
+    def row(replica: str, actor: str) -> dict[str, Any]:
+        return {"replica_id": replica, "actor_id": actor, "requests_finished": 3}
+
+    def died(actor: str) -> ActorDiedError:
+        e = ActorDiedError()
+        e.actor_id = actor
+        return e
+
+    names: dict[str, str] = {}
+    live = asyncio.run(collect_stats(StandInHandle([row("r1", "A1"), row("r2", "A2")]), names))
+    assert {r: v["state"] for r, v in live.items()} == {"r1": "running", "r2": "running"}
+    assert names == {"A1": "r1", "A2": "r2"}
+    # r2's actor died: named from the earlier answer
+    rows = asyncio.run(collect_stats(StandInHandle([row("r1", "A1"), died("A2")]), names))
+    assert rows["r1"] == {**row("r1", "A1"), "state": "running"}
+    assert rows["r2"]["state"] == "unreachable" and rows["r2"]["actor_id"] == "A2"
+    assert rows["r2"]["error"].startswith("ActorDiedError: The actor died")
+    # an actor never seen answering is named by its actor id
+    rows = asyncio.run(collect_stats(StandInHandle([row("r1", "A1"), died("A9")]), {}))
+    assert rows["A9"]["replica_id"] is None and rows["A9"]["state"] == "unreachable"
+    # none answers: OpenAI's error body, 503
+    for handle in (StandInHandle([died("A1")]), StandInHandle([], TimeoutError("timed out"))):
+        with pytest.raises(ApiError) as info:
+            asyncio.run(collect_stats(handle, names))
+        assert info.value.status == 503
+        assert info.value.body["error"]["type"] == "service_unavailable"
+        assert "no engine replica answered" in info.value.body["error"]["message"]
 
 
 # ------------------------------------------------------------------ a fleet on Ray Serve
@@ -650,9 +783,63 @@ def test_a_bad_request_is_a_400_naming_the_problem(fleet: str) -> None:
         f"{fleet}/exact/v1/completions", json={"prompt": "x", "max_tokens": 10**6}, timeout=60
     )
     assert r.status_code == 400
-    assert "max_new_tokens is 1000000" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert "max_tokens is 1000000" in error["message"]
+    assert (error["param"], error["code"]) == ("max_tokens", "context_length_exceeded")
     r = requests.post(f"{fleet}/exact/v1/completions", json={"prompt": 5}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+class SingleServer:
+    """``radixkv serve`` without ``--replicas``: one engine built as each fleet replica is
+    (``build_app`` under uvicorn, on a free 127.0.0.1 port, in a thread of its own)."""
+
+    def __init__(self) -> None:
+        import uvicorn
+
+        from radixkv.serve.app import build_app
+        from radixkv.serve.async_engine import AsyncEngine
+        from radixkv.serve.models import build_engine, model_name
+
+        engine = AsyncEngine(build_engine("random", num_blocks=NUM_BLOCKS, seed=0))
+        app = build_app(engine, model_name=model_name("random"))
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        wait_for(lambda: self.server.started, "the single server to start", timeout=60)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def test_a_request_the_pool_cannot_hold_gets_the_single_server_s_error(fleet: str) -> None:
+    """Issue 21.9: the fleet left these checks to the chosen replica, whose errors had no
+    ``param`` or ``code`` and named ``max_new_tokens``. The ingress now has the replicas'
+    limits: the same request gets the same error body from a fleet and from one engine."""
+    pool = NUM_BLOCKS * 16  # tokens: the default block size
+    bad = [
+        ("/v1/completions", {"prompt": "x", "max_tokens": 10**6}),
+        ("/v1/completions", {"prompt": "y" * (pool + 10)}),
+        ("/v1/completions", {"prompt": [1, 2, 10**6]}),
+        ("/v1/completions", {"prompt": "x" * 10, "max_tokens": pool - 5}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "z" * pool}]}),
+    ]
+    with SingleServer() as single:
+        for path, body in bad:
+            one = requests.post(f"{single}{path}", json=body, timeout=60)
+            many = requests.post(f"{fleet}/exact{path}", json=body, timeout=60)
+            assert one.status_code == 400, (path, body, one.text)
+            assert (many.status_code, many.json()) == (one.status_code, one.json()), body
+        assert one.json()["error"]["code"] == "context_length_exceeded"
+        card = requests.get(f"{single}/v1/models", timeout=30).json()["data"][0]
+    fleet_card = requests.get(f"{fleet}/exact/v1/models", timeout=30).json()["data"][0]
+    assert fleet_card["max_model_len"] == card["max_model_len"] == pool
 
 
 def cache_states(app: str) -> dict[str, dict[str, Any]]:
@@ -697,12 +884,66 @@ def test_the_router_s_index_equals_each_replica_s_cache(fleet: str, answers) -> 
     assert all(v["in_flight"] == 0 for v in view.values())
 
 
+def test_a_policy_that_raises_routes_by_load_instead_of_losing_the_request(
+    fleet: str, answers, caplog
+) -> None:
+    """Issue 21.7 on a live fleet: the ``exact`` policy's hashing raised inside Serve's
+    request router and the request hung forever. Sent through a handle in this process,
+    whose router can be reached (the ingress's lives in its replica), with the policy made
+    to raise: the request is served all the same."""
+    from radixkv.engine.request import SamplingParams
+    from radixkv.serve import router_registry
+
+    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray_router")
+    handle = serve.get_deployment_handle("EngineReplica", "exact").options(stream=True)
+    params = SamplingParams(max_new_tokens=2)
+
+    def generate(prompt_ids: list[int]) -> list[Any]:
+        async def run() -> list[Any]:
+            call = handle.generate.remote(prompt_ids=prompt_ids, params=params)
+
+            async def outputs() -> list[Any]:
+                return [out async for out in call]
+
+            try:
+                return await asyncio.wait_for(outputs(), timeout=30)
+            except TimeoutError:
+                call.cancel()
+                pytest.fail("the request was never answered")
+
+        return asyncio.run(run())
+
+    assert generate(list(range(40, 80)))[-1].finished  # Serve builds this handle's router
+    routers = router_registry.live_routers("EngineReplica", "exact")
+    assert routers
+    failing = [Failing(r.state.router, "choose") for r in routers]
+    try:
+        outs = generate(list(range(100, 140)))
+    finally:
+        for r in routers:
+            del r.state.router.choose
+    assert sum(f.calls for f in failing) >= 1  # the policy was asked, and raised
+    assert outs[-1].finish_reason == "length" and len(outs[-1].output_ids) == 2
+    assert "failed to place a request; routing it by load" in caplog.text
+    assert generate(list(range(40, 80)))[-1].finished  # and the policy routes again
+
+
 def test_killing_a_replica_fails_no_later_request(fleet: str, answers) -> None:
     caches = cache_states("exact")
     # the replica holding the workload's prefixes: the router's index still sends them there
     victim, survivor = sorted(caches, key=lambda r: -len(caches[r]["blocks"]))
     assert caches[victim]["blocks"]
     ray.kill(ray.get_actor(caches[victim]["actor_name"], namespace="serve"), no_restart=True)
+    # issue 21.8: until Serve drops it, the dead replica is reported as such, not a 500
+    r = requests.get(f"{fleet}/exact/replicas", timeout=60)
+    assert r.status_code == 200, r.text
+    rows = r.json()
+    assert rows[survivor]["state"] == "running" and "requests_finished" in rows[survivor]
+    for key, row in rows.items():
+        if row["state"] == "unreachable":  # named if this ingress saw it answer before
+            assert row["replica_id"] in (victim, None) and row["actor_id"], rows
+        else:
+            assert key != victim and row["state"] == "running", rows
     for p in workload():
         r = post(f"{fleet}/exact/v1/completions", {"prompt": p, "max_tokens": 2})
         assert r["choices"][0]["finish_reason"] in ("length", "stop")

@@ -41,7 +41,7 @@ from radixkv.engine.request import SamplingParams
 from radixkv.fleet.router import ROUTERS
 from radixkv.fleet.transport import EventPublisher
 from radixkv.serve.async_engine import AsyncEngine, RequestOutput
-from radixkv.serve.fleet_ingress import FleetIngress
+from radixkv.serve.fleet_ingress import EngineLimits, FleetIngress
 from radixkv.serve.models import build_engine, event_hasher, model_name
 from radixkv.serve.ray_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
 
@@ -126,11 +126,13 @@ class EngineReplica:
         self.engine = AsyncEngine(engine, event_sink=self._publisher.publish)
         await self.engine.start()
         hasher = engine.cache.events_hasher
+        alloc = engine.allocator
+        self._limits = EngineLimits(self.engine.vocab_size, alloc.num_blocks * alloc.block_size)
         self.info = ReplicaInfo(
             event_endpoint=self._publisher.endpoint,
             replay_endpoint=self._publisher.replay_endpoint,
-            capacity_blocks=engine.allocator.num_blocks,
-            block_size=engine.allocator.block_size,
+            capacity_blocks=alloc.num_blocks,
+            block_size=alloc.block_size,
             hash_name=hasher.name,
             hash_seed=hasher.seed,
         )
@@ -138,6 +140,11 @@ class EngineReplica:
     def record_replica_metadata(self) -> dict[str, Any]:
         """Serve's once-per-replica hook: where this replica's KV events are, how it hashes."""
         return self.info.to_metadata()
+
+    def limits(self) -> dict[str, int]:
+        """What this replica accepts (:class:`~radixkv.serve.fleet_ingress.EngineLimits`'
+        fields): the ingress checks requests against them before routing."""
+        return dataclasses.asdict(self._limits)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve's periodic hook (every ``request_routing_stats_period_s``): current load."""
@@ -179,10 +186,12 @@ class EngineReplica:
         }
 
     async def stats(self) -> dict[str, Any]:
-        """This replica's id and its engine's metrics (every ``EngineMetrics`` field)."""
+        """This replica's id, its actor's id (Ray's, which names it in a dead actor's error)
+        and its engine's metrics (every ``EngineMetrics`` field)."""
         m = self.engine.metrics()
         return {
             "replica_id": serve.get_replica_context().replica_id.unique_id,
+            "actor_id": ray.get_runtime_context().get_actor_id(),
             **dataclasses.asdict(m),
         }
 

@@ -7,21 +7,25 @@ engine deployment's ``generate`` through a streaming handle with the token ids
 as the keyword ``prompt_ids``: the handle's request router
 (:class:`~radixkv.serve.ray_router.PrefixRouter`) places it by prefix and load.
 Everything else is the single-engine server's request handling
-(:class:`~radixkv.serve.handlers.OpenAIHandlers` over this module's routed client);
+(:class:`~radixkv.serve.handlers.OpenAIHandlers` over this module's routed client),
+with the replicas' :class:`EngineLimits` (asked of one replica when the
+ingress starts: every replica is built alike), so a request the single server
+refuses gets the same 400 here before any replica sees it;
 ``usage.prompt_tokens_details.cached_tokens`` is what the chosen replica's
 cache held.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both also as
-server-sent events), ``GET /v1/models``, ``GET /health``, and ``GET /router``:
-this ingress's router's view of the fleet (load, and the blocks its index
-holds per replica).
+server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` and
+``GET /replicas`` (the replicas that answer; one that does not is reported
+as unreachable), and ``GET /router``: this ingress's router's view of the
+fleet (load, and the blocks its index holds per replica).
 """
 
 # No ``from __future__ import annotations``: Serve rebuilds the routes from a by-value pickle
 # of this class, whose functions keep only the globals their code names, so FastAPI could
 # not resolve string annotations (the request models) there.
 from collections.abc import AsyncIterator, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,9 @@ from radixkv.serve.metrics import CONTENT_TYPE, render_fleet_metrics
 from radixkv.serve.models import ByteTokenizer, ChatTokenizer, Tokenizer, load_hf_tokenizer
 from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["FleetIngress", "load_tokenizer"]
+__all__ = ["EngineLimits", "FleetIngress", "collect_stats", "load_tokenizer"]
+
+STATS_TIMEOUT_S = 30.0  # for every replica's stats together (GET /replicas, /metrics)
 
 api = FastAPI(title="radixkv fleet")
 install_error_handlers(api)
@@ -72,6 +78,68 @@ class PromptText:
     prompt: str
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """What a fleet's engine replicas accept (all are built from one engine config): token
+    ids below ``vocab_size``; a prompt and its reply within ``max_model_len`` tokens, the
+    KV pool (``EngineReplica.limits`` reports them)."""
+
+    vocab_size: int
+    max_model_len: int
+
+    def max_new_tokens(self, prompt_len: int) -> int:
+        """The most new tokens a prompt of ``prompt_len`` tokens may ask for: its K/V (all
+        but the last new token) must fit the pool, as ``AsyncEngine.max_new_tokens``
+        decides on the replica; 0 if none fits. O(1)."""
+        return max(0, self.max_model_len - prompt_len + 1)
+
+
+async def collect_stats(
+    engine: DeploymentHandle, names: dict[str, str], timeout_s: float = STATS_TIMEOUT_S
+) -> dict[str, dict[str, Any]]:
+    """Every engine replica's :meth:`EngineReplica.stats`, by replica id, each with ``"state":
+    "running"``; a replica that does not answer (dead, and Serve has not dropped it yet) is
+    ``{"replica_id", "actor_id", "state": "unreachable", "error"}`` under its replica id if
+    ``names`` (actor id -> replica id, learned from earlier answers and updated here) knows
+    it, else under its actor id. ``ApiError`` 503 when no replica answers in ``timeout_s``.
+    """
+    try:
+        results = await engine.broadcast("stats").results_async(
+            timeout_s=timeout_s, return_exceptions=True
+        )
+    except Exception as exc:  # noqa: BLE001 - no replica at all, or the timeout
+        results = [exc]
+    rows: dict[str, dict[str, Any]] = {}
+    seen: dict[str, str] = {}
+    for r in results:
+        if isinstance(r, dict):
+            rows[r["replica_id"]] = {**r, "state": "running"}
+            seen[r["actor_id"]] = r["replica_id"]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if not rows:
+        why = "; ".join(_error_line(e) for e in errors) or "none is running"
+        raise ApiError(503, f"no engine replica answered: {why}", type_="service_unavailable")
+    for exc in errors:
+        actor = getattr(exc, "actor_id", None)  # a RayActorError's; None for another failure
+        replica = names.get(actor) if actor is not None else None
+        rows[replica or actor or f"unknown-{len(rows)}"] = {
+            "replica_id": replica,
+            "actor_id": actor,
+            "state": "unreachable",
+            "error": _error_line(exc),
+        }
+        if replica is not None:
+            seen[actor] = replica
+    names.clear()
+    names.update(seen)
+    return rows
+
+
+def _error_line(exc: BaseException) -> str:
+    """The exception's type and the first line of its message (Ray's run to many lines)."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+
+
 class _RoutedCall:
     """A routed ``generate`` call whose first output has arrived."""
 
@@ -98,21 +166,31 @@ class _RoutedCall:
 
 class _RoutedClient:
     """:class:`~radixkv.serve.handlers.EngineClient` over the engine deployment's handle:
-    each request goes where the handle's router places it, and the chosen replica checks
-    it against its vocabulary and pool."""
-
-    vocab_size: int | None = None  # the replica checks ids and room itself
-    max_model_len: int | None = None
+    the handlers check each request against the replicas' ``limits``, then it goes where
+    the handle's router places it."""
 
     def __init__(
-        self, engine: DeploymentHandle, tokenizer: Tokenizer, send_prompt_text: bool
+        self,
+        engine: DeploymentHandle,
+        tokenizer: Tokenizer,
+        limits: EngineLimits,
+        send_prompt_text: bool,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.limits = limits
         self.send_prompt_text = send_prompt_text
 
-    def max_new_tokens(self, prompt_len: int) -> None:
-        return None
+    @property
+    def vocab_size(self) -> int:
+        return self.limits.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_model_len
+
+    def max_new_tokens(self, prompt_len: int) -> int:
+        return self.limits.max_new_tokens(prompt_len)
 
     async def generate(
         self,
@@ -145,9 +223,10 @@ class _RoutedClient:
 @serve.ingress(api)
 class FleetIngress:
     """The OpenAI API over a deployment of :class:`~radixkv.serve.fleet.EngineReplica`
-    (``engine``, a handle), for the model ``model`` served as ``model_name``."""
+    (``engine``, a handle), for the model ``model`` served as ``model_name``. Starting, it
+    asks one replica for the :class:`EngineLimits` (so it waits for one to run)."""
 
-    def __init__(
+    async def __init__(
         self,
         engine: DeploymentHandle,
         *,
@@ -158,9 +237,10 @@ class FleetIngress:
         self.engine = engine
         self.tokenizer = load_tokenizer(model)
         self.model_name = model_name
-        self.openai = OpenAIHandlers(
-            _RoutedClient(engine, self.tokenizer, send_prompt_text), model_name
-        )
+        limits = EngineLimits(**await engine.limits.remote())
+        client = _RoutedClient(engine, self.tokenizer, limits, send_prompt_text)
+        self.openai = OpenAIHandlers(client, model_name)
+        self._replica_names: dict[str, str] = {}  # actor id -> replica id, for collect_stats
 
     # ------------------------------------------------------------ routes
     @api.post("/v1/completions", response_model=None)
@@ -182,18 +262,21 @@ class FleetIngress:
     @api.get("/replicas")
     async def replica_stats(self) -> dict[str, Any]:
         """Every engine replica's counters (:meth:`EngineReplica.stats`), by replica id: what
-        a benchmark reads before and after a run for requests served per replica."""
-        response = self.engine.broadcast("stats")
-        return {s["replica_id"]: s for s in await response.results_async(timeout_s=30)}
+        a benchmark reads before and after a run for requests served per replica. A replica
+        that does not answer is a row with ``"state": "unreachable"`` (:func:`collect_stats`);
+        503 when none answers."""
+        return await collect_stats(self.engine, self._replica_names)
 
     @api.get("/metrics")
     async def metrics(self) -> Response:
-        """Prometheus text: every replica's engine metrics, labelled ``replica``."""
-        response = self.engine.broadcast("stats")
-        per = {}
-        for stats in await response.results_async(timeout_s=30):
-            rid = stats.pop("replica_id")
-            per[rid] = EngineMetrics(**stats)
+        """Prometheus text: every answering replica's engine metrics, labelled ``replica``
+        (one that does not answer is left out, as Prometheus leaves out a dead target)."""
+        names = [f.name for f in fields(EngineMetrics)]
+        per = {
+            rid: EngineMetrics(**{n: row[n] for n in names})
+            for rid, row in (await collect_stats(self.engine, self._replica_names)).items()
+            if row["state"] == "running"
+        }
         return Response(render_fleet_metrics(per, self.model_name), media_type=CONTENT_TYPE)
 
     @api.get("/router")

@@ -27,6 +27,10 @@ How the pieces meet:
 - **In flight** is the router's own count
   (:class:`~radixkv.serve.routing_state.RoutingState`): a
   decision counts from ``choose_replicas`` until ``on_request_completed``.
+- **Failures stay here.** An exception from the policy or the bookkeeping
+  is logged and never reaches Serve, whose routing task would die with it and
+  leave the request it was placing unanswered forever: a call the policy
+  fails on goes to whichever candidate Serve finds least loaded.
 
 Serve unpickles this class by value in every process that routes, so state
 that must be shared with the rest of the process lives in modules imported
@@ -36,9 +40,10 @@ normally (:mod:`radixkv.serve.router_registry`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -203,7 +208,9 @@ class PrefixRouter(RequestRouter):
 
     ``choose_replicas`` returns two ranks: the replica the policy chose, then
     the others, so Serve falls back to the least loaded of the rest only when
-    the chosen one is full (``max_ongoing_requests``). Do not mix in Serve's
+    the chosen one is full (``max_ongoing_requests``); or, when the policy
+    raised, one rank of every candidate, for Serve to pick the least loaded.
+    No hook lets an exception into Serve (:meth:`_contained`). Do not mix in Serve's
     ``FIFOMixin``: it hands a found replica to the oldest pending request,
     which would undo every affinity decision.
     """
@@ -238,14 +245,17 @@ class PrefixRouter(RequestRouter):
         self._loop = self._event_loop  # the loop Serve runs this router on
         current = {_uid(r.replica_id): r for r in replicas}
         for replica_id in [r for r in self.state.replicas if r not in current]:
-            self._forget(replica_id)
+            with self._contained(f"dropping replica {replica_id}"):
+                self._forget(replica_id)
         for replica_id, replica in current.items():
             if replica_id not in self.state.replicas:
-                self._join(replica_id, replica)
+                with self._contained(f"adding replica {replica_id}"):
+                    self._join(replica_id, replica)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self._forget(_uid(replica_id))
+        with self._contained(f"dropping dead replica {_uid(replica_id)}"):
+            self._forget(_uid(replica_id))
 
     def _join(self, replica_id: str, replica: RunningReplica) -> None:
         info = ReplicaInfo.from_metadata(replica.replica_metadata)
@@ -273,16 +283,38 @@ class PrefixRouter(RequestRouter):
         self.state.drop_replica(replica_id)
 
     # ------------------------------------------------------------ routing
+    @contextlib.contextmanager
+    def _contained(self, what: str) -> Iterator[None]:
+        """Log an exception raised inside instead of letting it into Serve's routing machinery
+        (a routing task that dies takes the request it was placing with it)."""
+        try:
+            yield
+        except Exception:
+            log.exception("router %r: %s failed", self.config.policy, what)
+
     def _catch_up(self) -> None:
-        """Apply the events that arrived since the last call."""
+        """Apply the events that arrived since the last call (a batch the policy fails on is
+        logged and skipped: the others still apply)."""
         if self._feed is not None:
             for replica_id, item in self._feed.drain():
-                self.state.apply(replica_id, item)
+                with self._contained(f"applying replica {replica_id}'s events"):
+                    self.state.apply(replica_id, item)
 
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        try:
+            return self._choose(candidate_replicas, pending_request)
+        except Exception:
+            log.exception(
+                "router %r failed to place a request; routing it by load", self.config.policy
+            )
+            return [candidate_replicas]
+
+    def _choose(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None
     ) -> list[list[RunningReplica]]:
         self._catch_up()
         ids = []
@@ -303,10 +335,12 @@ class PrefixRouter(RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
-        self.state.routed(id(pending_request), _uid(replica_id))
+        with self._contained("confirming a request"):
+            self.state.routed(id(pending_request), _uid(replica_id))
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self.state.completed(internal_request_id, _uid(replica_id))
+        with self._contained("ending a request"):
+            self.state.completed(internal_request_id, _uid(replica_id))
 
     # ------------------------------------------------------------ reporting
     def snapshot(self) -> dict[Hashable, dict[str, Any]]:

@@ -62,7 +62,9 @@ class RoutingState:
     a rejected attempt can end a later confirmed decision for the same call
     and replica early (in flight reads one low until it finishes).
 
-    Not thread-safe: one event loop drives it.
+    The policy is called after the bookkeeping it follows, so an exception
+    from it passes through with :meth:`check`'s invariants intact. Not
+    thread-safe: one event loop drives it.
     """
 
     def __init__(
@@ -137,8 +139,10 @@ class RoutingState:
         """The replica the policy picks for ``request`` among ``candidates`` (unknown ones are
         added), made for the call ``key``; a standing decision for ``key`` is undone first.
         ``owner`` (the object ``key`` names, if it is an ``id``) is kept alive until the
-        decision is settled. ``ValueError`` if ``candidates`` is empty. Complexity: the
-        policy's ``choose``, plus O(unconfirmed decisions) once a second for expiry."""
+        decision is settled. ``ValueError`` if ``candidates`` is empty or the policy picks
+        another replica; the policy's own exceptions pass through, and whatever raised, no
+        new decision stands. Complexity: the policy's ``choose``, plus O(unconfirmed
+        decisions) once a second for expiry."""
         if not candidates:
             raise ValueError(f"candidates must not be empty, got {candidates!r}")
         now = self._clock()
@@ -148,6 +152,8 @@ class RoutingState:
             self._end(old)
         states = [self.replicas.get(r) or self.add_replica(r) for r in candidates]
         replica_id = self.router.choose(request, states)
+        if replica_id not in candidates:
+            raise ValueError(f"the policy chose {replica_id!r}, not one of {list(candidates)}")
         d = _Decision(key, owner, str(request.request_id), replica_id, request, now)
         self.replicas[replica_id].in_flight += 1
         self._latest[key] = d
@@ -202,7 +208,8 @@ class RoutingState:
         self._accepted.setdefault(d.request_id, []).append(d)
 
     def _uncount(self, d: _Decision) -> None:
-        """Take ``d`` off its replica's count and the policy's (the call is not there)."""
+        """Take ``d`` off its replica's count and the policy's (the call is not there); the
+        policy last, so an exception from its ``on_finish`` leaves these counts right."""
         state = self.replicas.get(d.replica_id)
         if state is not None:
             state.in_flight -= 1
@@ -212,8 +219,7 @@ class RoutingState:
                 self.router.on_finish(d.replica_id, d.request)
 
     def _end(self, d: _Decision) -> None:
-        """``d`` stops standing, wherever it is filed."""
-        self._uncount(d)
+        """``d`` stops standing, wherever it is filed (unfiled before the policy hears)."""
         if d.accepted:
             decisions = self._accepted[d.request_id]
             decisions.remove(d)
@@ -221,6 +227,7 @@ class RoutingState:
                 del self._accepted[d.request_id]
         if self._latest.get(d.key) is d:
             del self._latest[d.key]
+        self._uncount(d)
 
     def _sweep(self, now: float) -> None:
         """End unconfirmed decisions older than ``pending_ttl_s`` (at most once a second)."""
