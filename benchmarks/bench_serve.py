@@ -62,13 +62,15 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
 
 
 def replica_counts(port: int) -> dict[str, int]:
-    """Requests each replica has finished (the fleet's ``GET /replicas``; {} for one engine)."""
+    """Requests each live replica has finished (the fleet's ``GET /replicas``; {} for one
+    engine). A replica the ingress could not reach (``state`` ``"unreachable"``) is left out."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", "/replicas")
     resp = conn.getresponse()
     if resp.status != 200:
         return {}
-    return {k: v["requests_finished"] for k, v in json.loads(resp.read()).items()}
+    rows = json.loads(resp.read()).items()
+    return {k: v["requests_finished"] for k, v in rows if v.get("state", "running") == "running"}
 
 
 def run_setup(
