@@ -292,6 +292,37 @@ def test_shutdown_ends_open_streams_with_abort(model) -> None:
     run(main())
 
 
+def test_drain_aborts_open_requests_and_refuses_new_ones(model) -> None:
+    """What a server does on SIGINT/SIGTERM (issue 21, item 16): every open stream ends with
+    "abort" at once (not after its max_new_tokens), new requests are refused until
+    shutdown, and the engine serves again once restarted."""
+
+    async def main() -> None:
+        ae = AsyncEngine(make_engine(model))
+        ae.drain()  # not running: a no-op
+        await ae.start()
+        assert ae.is_serving
+        streams = [ae.generate(p, LONG) for p in prompts(3)]
+        await streams[0].__anext__()
+        ae.drain()
+        assert ae.is_running and not ae.is_serving
+        with pytest.raises(RuntimeError, match="shutting down"):
+            ae.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+        for s in streams:
+            outs = await drain(s)
+            assert outs[-1].finish_reason == "abort"
+            assert len(outs[-1].output_ids) < LONG.max_new_tokens
+        await assert_nothing_kept(ae)
+        await ae.shutdown()
+        assert not ae.is_serving
+        outs = await drain(ae.generate([5, 6, 7], SamplingParams(max_new_tokens=2)))
+        assert outs[-1].finish_reason == "length" and ae.is_serving
+        await assert_nothing_kept(ae)
+        await ae.shutdown()
+
+    run(main())
+
+
 # ---------------------------------------------------------- failing steps
 POISON = 13
 

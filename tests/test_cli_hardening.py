@@ -152,6 +152,75 @@ def test_serve_refuses_a_host_tier_for_a_fleet(capsys) -> None:
     assert err.startswith("radixkv serve: error: --host-kv-blocks") and err.count("\n") == 1
 
 
+def test_serve_passes_special_tokens_in_content_to_the_model_loader(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 item 15's opt-out reaches the chat tokenizer; a fleet refuses it."""
+    import radixkv.serve.models as serve_models
+
+    seen: list[bool] = []
+
+    def load_model(spec: str, *, seed: int = 0, special_tokens_in_content: bool = False):
+        seen.append(special_tokens_in_content)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(serve_models, "load_model", load_model)
+    for flags, want in (([], False), (["--special-tokens-in-content"], True)):
+        assert exit_code(["serve", "--model", "random", "--port", "0", *flags]) == 2
+        assert seen.pop() is want
+    capsys.readouterr()
+    argv = ["serve", "--replicas", "2", "--router", "exact", "--special-tokens-in-content"]
+    assert exit_code(argv) == 2
+    _, err = capsys.readouterr()
+    assert (
+        err.startswith("radixkv serve: error: --special-tokens-in-content") and err.count("\n") == 1
+    )
+
+
+# ----------------------------------- issue 21, item 13: a KV pool larger than the memory
+def serve_random(*flags: str) -> list[str]:
+    return ["serve", "--model", "random", "--port", "0", *flags]
+
+
+@pytest.mark.parametrize(
+    ("flags", "start"),
+    [
+        (["--num-blocks", str(10**12)], "--num-blocks 1000000000000 asks for"),
+        (["--host-kv-blocks", str(2**31 - 1)], "--host-kv-blocks 2147483647 asks for"),
+    ],
+)
+def test_serve_refuses_a_kv_pool_larger_than_memory(capsys, flags, start) -> None:
+    """Was a torch traceback and exit 1 (or, below the overcommit limit, the OOM killer)."""
+    assert exit_code(serve_random(*flags)) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"radixkv serve: error: {start} "), err
+    assert "bytes a block" in err and "is available" in err
+
+
+def test_serve_checks_the_pools_against_the_memory_available_before_allocating(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool the machine could allocate, but that does not fit what is available now, is
+    refused before torch allocates it; on the CPU both pools count together."""
+    torch = pytest.importorskip("torch")
+    import radixkv.serve.cli as serve_cli
+    from radixkv.model.kvpool import KVPool
+    from radixkv.serve.models import RANDOM_CONFIG as c
+
+    per_block = KVPool.block_bytes(c.num_layers, 16, c.num_kv_heads, c.head_dim, torch.float32)
+    monkeypatch.setattr(serve_cli, "_available_memory", lambda device: 1500 * per_block)
+    assert exit_code(serve_random("--num-blocks", "2000")) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("radixkv serve: error: --num-blocks 2000 asks for ")
+    assert f"({per_block} bytes a block)" in err and err.count("\n") == 1
+    if torch.cuda.is_available():
+        return  # the device pool is on the GPU: the two pools do not share the memory
+    assert exit_code(serve_random("--num-blocks", "1000", "--host-kv-blocks", "1000")) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("radixkv serve: error: --num-blocks 1000 (") and "together" in err
+
+
 # ---------------------------------------------------------------- item 22: version, help
 def test_version(capsys) -> None:
     assert exit_code(["--version"]) == 0

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,9 +25,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
-from serve_helpers import TINY_CONFIG  # noqa: E402
+from serve_helpers import TINY_CONFIG, Server  # noqa: E402
 
 from radixkv.cli import main as cli_main  # noqa: E402
 from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
@@ -53,58 +52,6 @@ NUM_BLOCKS = 1024  # 4096 tokens
 MODEL = "tiny-random"
 TOK = ByteTokenizer()
 TIMEOUT = 30.0
-
-
-class Server:
-    """A uvicorn server for ``app`` on a free 127.0.0.1 port, in a thread of its own."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        end = time.monotonic() + TIMEOUT
-        while not self.server.started:
-            assert time.monotonic() < end and self.thread.is_alive(), "server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(TIMEOUT)
-        self.sock.close()
-
-    def request(
-        self, method: str, path: str, body: object = None, raw: bytes | None = None
-    ) -> tuple[int, bytes, http.client.HTTPResponse]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
-        try:
-            data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read(), resp
-        finally:
-            conn.close()
-
-    def post(self, path: str, body: object) -> tuple[int, dict]:
-        status, data, _ = self.request("POST", path, body)
-        return status, json.loads(data)
-
-    def stream(self, path: str, body: dict) -> list[dict]:
-        """The events of a streamed reply, parsed; asserts it ends with ``[DONE]``."""
-        status, data, resp = self.request("POST", path, {**body, "stream": True})
-        assert status == 200, data
-        assert resp.getheader("content-type").startswith("text/event-stream")
-        events = [e for e in data.decode().split("\n\n") if e]
-        assert all(e.startswith("data: ") for e in events), events
-        assert events[-1] == "data: [DONE]"
-        return [json.loads(e[len("data: ") :]) for e in events[:-1]]
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,16 @@
 - ``GET /v1/models``, ``GET /health`` (200, or 503 once the engine thread failed),
   ``GET /metrics`` (Prometheus text, :mod:`radixkv.serve.metrics`).
 
-A bad request (malformed JSON, a wrong type, an unsupported option, a token id
-outside the vocabulary, a prompt or ``max_tokens`` the KV pool cannot hold) gets
-HTTP 400 with OpenAI's error body and never reaches the engine. A client that
-goes away (mid-stream or while waiting for a whole reply) has its request
-aborted, which frees its blocks. The app starts the engine thread on startup and,
-if it started it, stops it on shutdown.
+The body is read as JSON whatever its ``Content-Type`` (:func:`~radixkv.serve.errors.parse_body`).
+A bad request (bytes that are not UTF-8 JSON, a wrong type, text that is not valid
+Unicode, an unsupported option, a token id outside the vocabulary, a prompt or
+``max_tokens`` the KV pool cannot hold) gets HTTP 400 with OpenAI's error body and
+never reaches the engine; so do an unknown path (404) and a wrong method (405). A
+client that goes away (mid-stream or while waiting for a whole reply) has its request
+aborted, which frees its blocks. The app starts the engine thread on startup and, if
+it started it, stops it on shutdown; after ``engine.drain()`` (what ``radixkv serve``
+does on SIGINT/SIGTERM) open requests end with ``"abort"``, new ones get a 503 and
+``/health`` turns 503.
 """
 
 from __future__ import annotations
@@ -27,30 +31,61 @@ from fastapi.responses import Response
 
 from radixkv.engine.request import SamplingParams
 from radixkv.serve.async_engine import AsyncEngine, RequestOutput, RequestStream
-from radixkv.serve.errors import ApiError, error_response, install_error_handlers
+from radixkv.serve.errors import ApiError, error_response, install_error_handlers, parse_body
 from radixkv.serve.handlers import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
     OpenAIHandlers,
 )
 from radixkv.serve.metrics import CONTENT_TYPE, render_metrics
-from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest
+from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest, utf8_problem
 
-__all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_COMPLETION_MAX_TOKENS", "ApiError", "build_app"]
+__all__ = [
+    "DEFAULT_CHAT_MAX_TOKENS",
+    "DEFAULT_COMPLETION_MAX_TOKENS",
+    "ApiError",
+    "build_app",
+    "default_max_body_bytes",
+]
 
 
-def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
+MIN_BODY_BYTES = 1 << 20
+BODY_BYTES_PER_TOKEN = 32
+
+
+def default_max_body_bytes(max_model_len: int) -> int:
+    """The largest request body a pool of ``max_model_len`` tokens takes by default:
+    :data:`BODY_BYTES_PER_TOKEN` per token (a token id in JSON takes at most 8 bytes, a
+    token of text a few characters), and at least :data:`MIN_BODY_BYTES`."""
+    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_model_len)
+
+
+def build_app(
+    engine: AsyncEngine, *, model_name: str, max_body_bytes: int | None = None
+) -> FastAPI:
     """The FastAPI app serving ``engine`` under the model name ``model_name``.
 
     Text needs ``engine.engine.tokenizer`` (a :class:`~radixkv.serve.models.Tokenizer`);
-    without one only token-id completions work and replies carry no text.
+    without one only token-id completions work and replies carry no text. A request
+    body over ``max_body_bytes`` (default: :func:`default_max_body_bytes` of the pool) is a 413,
+    refused before it is read whole: parsing a huge body would stall every client.
     ``TypeError`` / ``ValueError`` naming the argument for a bad one.
     """
     if not isinstance(engine, AsyncEngine):
         raise TypeError(f"engine must be an AsyncEngine, got {type(engine).__name__}")
     if not isinstance(model_name, str) or not model_name:
         raise ValueError(f"model_name must be a non-empty str, got {model_name!r}")
-    api = OpenAIHandlers(_EngineClient(engine), model_name)
+    if (problem := utf8_problem(model_name)) is not None:  # every response carries it
+        raise ValueError(f"model_name: {problem}")
+    client = _EngineClient(engine)
+    if max_body_bytes is None:
+        max_body_bytes = default_max_body_bytes(client.max_model_len)
+    elif isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+        raise TypeError(f"max_body_bytes must be an int, got {type(max_body_bytes).__name__}")
+    elif max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    body_limit = max_body_bytes
+    api = OpenAIHandlers(client, model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,11 +102,13 @@ def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
     install_error_handlers(app)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
+        body = parse_body(CompletionRequest, await _read_body(request, body_limit))
         return await api.completions(body, request)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response:
+        body = parse_body(ChatCompletionRequest, await _read_body(request, body_limit))
         return await api.chat(body, request)
 
     @app.get("/v1/models")
@@ -80,9 +117,11 @@ def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if engine.is_running:
+        if engine.is_serving:
             return Response(status_code=200)
-        message = "the engine is not running"
+        message = (
+            "the engine is shutting down" if engine.is_running else "the engine is not running"
+        )
         return error_response(ApiError(503, message, type_="service_unavailable"))
 
     @app.get("/metrics")
@@ -91,6 +130,25 @@ def build_app(engine: AsyncEngine, *, model_name: str) -> FastAPI:
         return Response(text, media_type=CONTENT_TYPE)
 
     return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body of ``request``; ``ApiError`` 413 as soon as it is known to exceed ``limit``
+    bytes (from ``Content-Length``, or while reading), before it is read whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
 
 
 class _EngineClient:
@@ -130,6 +188,8 @@ class _EngineClient:
             stream = self.engine.generate(prompt_ids, params, namespace)
         except (TypeError, ValueError) as exc:
             raise ApiError(400, str(exc)) from None
+        except RuntimeError as exc:  # shutting down, or the engine thread failed
+            raise ApiError(503, str(exc), type_="service_unavailable") from None
         return _EngineCall(self.engine, stream)
 
 

@@ -13,6 +13,9 @@ and repeats; with nothing to run it blocks on the command queue. Requests from a
 number of clients therefore join the running batch at the next step (continuous
 batching), and the event loop never waits on a step.
 
+:meth:`AsyncEngine.drain` is a server's first step on SIGINT/SIGTERM: every open
+request ends with ``"abort"`` at once, and new ones are refused until shutdown.
+
 Per-request state lives exactly as long as the request: the loop side keeps a
 request's queue until its final output is delivered (or its consumer goes away),
 the engine thread keeps its id mapping until it finishes or is aborted.
@@ -70,6 +73,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Future | None = None
         self._closing = False
+        self._draining = False  # drain() called: refuse new requests until shutdown() ends
         self._worker = EngineWorker(engine, self._commands, self._post, event_sink)
 
     # ------------------------------------------------------------- lifecycle
@@ -91,7 +95,20 @@ class AsyncEngine:
             self._thread.join()
         finally:
             self._thread = self._loop = self._stopped = None
-            self._closing = False
+            self._closing = self._draining = False
+
+    def drain(self) -> None:
+        """Stop taking requests: abort every open one (its stream ends with ``finish_reason``
+        ``"abort"``) and refuse new ones (:meth:`generate` raises ``RuntimeError``) until
+        :meth:`shutdown` ends. What a server does on SIGINT/SIGTERM, before it waits for its
+        connections to close. Call on the loop the engine serves (from a signal handler,
+        through ``loop.call_soon_threadsafe``). No-op when not running.
+        Complexity: O(open requests)."""
+        if self._thread is None:
+            return
+        self._draining = True
+        for stream_id in list(self._channels):
+            self._commands.put((ABORT, stream_id))
 
     async def __aenter__(self) -> AsyncEngine:
         await self.start()
@@ -110,6 +127,11 @@ class AsyncEngine:
     def is_running(self) -> bool:
         """True while the engine thread runs and has not failed."""
         return self._thread is not None and self._thread.is_alive() and self._worker.dead is None
+
+    @property
+    def is_serving(self) -> bool:
+        """True while it takes requests: running, and neither draining nor shutting down."""
+        return self.is_running and not (self._draining or self._closing)
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -140,10 +162,13 @@ class AsyncEngine:
         queued when ``prompt_ids``, ``params`` or ``namespace`` is malformed, a
         token or stop id is outside the model's vocabulary, or the prompt plus
         ``max_new_tokens`` could never fit the KV pool (see
-        :meth:`max_new_tokens`). ``prompt_ids`` is copied. Complexity:
+        :meth:`max_new_tokens`). ``RuntimeError`` after :meth:`drain` or while shutting
+        down. ``prompt_ids`` is copied. Complexity:
         O(len(prompt_ids)) here; the request runs on the engine thread.
         """
         prompt = self._checked_prompt(prompt_ids, params, namespace)
+        if self._draining:
+            raise RuntimeError("the AsyncEngine is shutting down")
         self._ensure_started()
         stream_id = next(self._ids)
         channel: asyncio.Queue = asyncio.Queue()

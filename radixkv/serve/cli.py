@@ -1,10 +1,14 @@
 """``radixkv serve``: an OpenAI-compatible server for one model (or a fleet of replicas).
 
-One replica: the engine (:func:`radixkv.serve.models.build_engine`) behind
+One replica: the engine (the model of :func:`radixkv.serve.models.load_model`) behind
 :func:`radixkv.serve.app.build_app`, served by uvicorn. The port is bound and the
 model loaded before the command prints its URL and a ready-to-paste ``curl`` line,
-so a bad flag, a busy port or an unusable ``--model`` exits 2 with one line on
-stderr before anything is served. ``--port 0`` takes a free port (printed).
+so a bad flag, a busy port, an unusable ``--model`` or a KV pool (``--num-blocks``,
+``--host-kv-blocks``) larger than the memory available exits 2 with one line on
+stderr before anything is served or allocated. ``--port 0`` takes a free port
+(printed). SIGINT (Ctrl-C) and SIGTERM drain the engine: open requests end at once
+with ``finish_reason`` ``"abort"``, new ones get a 503, and the process exits once
+their connections close (0 after SIGINT; SIGTERM's own status, 143, after SIGTERM).
 
 ``--replicas N`` (N > 1) with ``--router NAME`` serves a fleet on Ray Serve instead
 (:func:`radixkv.serve.fleet.serve_fleet`). This module imports only argparse at
@@ -15,11 +19,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import socket
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from radixkv.replay.cli_types import fail, int_in, one_line_errors, positive_int
+
+if TYPE_CHECKING:
+    import torch
+    import uvicorn
+
+    from radixkv.engine.engine import EngineConfig
+    from radixkv.serve.async_engine import AsyncEngine
 
 __all__ = ["curl_example", "register", "run_serve"]
 
@@ -68,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="engine and weight seed")
     p.add_argument(
+        "--special-tokens-in-content",
+        action="store_true",
+        help="special-token text inside chat messages becomes special tokens (vLLM's and "
+        "SGLang's default; lets a user forge turns). Off: only the chat template makes "
+        "them (one server, not a fleet)",
+    )
+    p.add_argument(
         "--served-model-name",
         default=None,
         help="the name /v1/models lists and requests use (default: from --model)",
@@ -90,29 +111,51 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from radixkv.engine.engine import Engine, EngineConfig
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
-        from radixkv.serve.models import build_engine, model_name
+        from radixkv.serve.models import load_model, model_name
+        from radixkv.serve.protocol import utf8_problem
     except ImportError as exc:
         return fail(PROG, f"{exc}; install the serve extra: pip install 'radixkv[serve]'")
+    name = args.served_model_name or model_name(args.model)
+    if (problem := utf8_problem(name)) is not None:  # argv may hold any bytes
+        if args.served_model_name is None:
+            problem = f"{problem}; name the model with --served-model-name"
+        return fail(PROG, f"--served-model-name: {problem}")
     try:
         sock = _listen(args.host, args.port)
     except OSError as exc:
         return fail(PROG, f"--port {args.port}: cannot listen on {args.host}: {exc.strerror}")
     try:
-        engine = build_engine(
-            args.model,
+        engine_config = EngineConfig(
             block_size=args.block_size,
             num_blocks=args.num_blocks,
-            seed=args.seed,
             max_num_seqs=args.max_num_seqs,
+            seed=args.seed,
             host_kv_blocks=args.host_kv_blocks,
         )
     except ValueError as exc:
         sock.close()
+        return fail(PROG, exc)
+    try:
+        model, tokenizer = load_model(
+            args.model, seed=args.seed, special_tokens_in_content=args.special_tokens_in_content
+        )
+    except ValueError as exc:
+        sock.close()
         return fail(PROG, f"--model: {exc}")
-    name = args.served_model_name or model_name(args.model)
-    app = build_app(AsyncEngine(engine), model_name=name)
+    problem = _kv_memory_problem(args, model, engine_config)
+    if problem is None:
+        try:
+            engine = Engine(model, engine_config, tokenizer=tokenizer)
+        except (MemoryError, RuntimeError) as exc:  # torch's allocation failure, past the check
+            problem = f"--num-blocks/--host-kv-blocks: cannot allocate the KV pool: {exc}"
+    if problem is not None:
+        sock.close()
+        return fail(PROG, problem.splitlines()[0])
+    async_engine = AsyncEngine(engine)
+    app = build_app(async_engine, model_name=name)
     port = sock.getsockname()[1]
     base = f"http://{_url_host(args.host)}:{port}"
     print(f"radixkv serve: {name!r} at {base}/v1 (Ctrl-C stops)")
@@ -120,10 +163,115 @@ def run_serve(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     config = uvicorn.Config(app, log_level=args.log_level, lifespan="on")
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _draining_server(config, async_engine).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
         pass
     return 0
+
+
+def _draining_server(config: uvicorn.Config, engine: AsyncEngine) -> uvicorn.Server:
+    """A uvicorn server that drains ``engine`` on SIGINT/SIGTERM (open requests end with
+    ``"abort"``), so its wait for open connections is short: uvicorn alone lets every
+    open request run to its end first."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            loop = engine.loop
+            if loop is not None:  # None: not started yet, or already stopped
+                try:
+                    loop.call_soon_threadsafe(engine.drain)
+                except RuntimeError:  # the loop closed: nothing left to drain
+                    pass
+
+    return DrainingServer(config)
+
+
+def _kv_memory_problem(
+    args: argparse.Namespace, model: torch.nn.Module, config: EngineConfig
+) -> str | None:
+    """Why the KV pools the flags ask for cannot fit in the memory available now (one line
+    naming the flag, the bytes and what is available), or None if they fit (or the memory
+    available cannot be read). The device pool takes ``model``'s device; the host tier,
+    the CPU's."""
+    import torch
+
+    from radixkv.model.kvpool import KVPool
+
+    mc = model.config
+    dtype = config.kv_dtype or model.dtype
+    per_block = KVPool.block_bytes(
+        mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype
+    )
+    device = torch.device(config.device) if config.device is not None else model.device
+    if args.num_blocks is not None:
+        asks = [(f"--num-blocks {args.num_blocks}", args.num_blocks * per_block, device)]
+    else:
+        num_blocks = config.kv_memory_bytes // per_block
+        asks = [("the default --num-blocks", num_blocks * per_block, device)]
+    if args.host_kv_blocks:
+        cpu = torch.device("cpu")
+        asks.append(
+            (f"--host-kv-blocks {args.host_kv_blocks}", args.host_kv_blocks * per_block, cpu)
+        )
+    for where in dict.fromkeys(d for _, _, d in asks):
+        free = _available_memory(where)
+        mine = [(flag, n) for flag, n, d in asks if d == where]
+        total = sum(n for _, n in mine)
+        if free is None or total <= free:
+            continue
+        flag, n = max(mine, key=lambda ask: ask[1])
+        if n > free:
+            what = f"{flag} asks for {_bytes(n)} of KV memory ({per_block} bytes a block)"
+        else:
+            parts = " and ".join(f"{flag} ({_bytes(n)})" for flag, n in mine)
+            what = f"{parts} ask for {_bytes(total)} of KV memory together"
+        return f"{what} on {where.type}, but {_bytes(free)} is available"
+    return None
+
+
+def _available_memory(device: torch.device) -> int | None:
+    """Bytes free for a new allocation on ``device`` (a ``torch.device``), or None if
+    unknown: CUDA's free memory; for the CPU, ``MemAvailable`` of ``/proc/meminfo``
+    within the cgroup's limit."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else -1
+        free = pages * os.sysconf("SC_PAGE_SIZE") if pages > 0 else None
+    for limit, used in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",  # cgroup v1
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            room = int(Path(limit).read_text()) - int(Path(used).read_text())
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            continue
+        free = room if free is None else min(free, room)
+        break
+    return free
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes for a person: ``512 bytes``, ``1.5 GiB``."""
+    size, units = float(n), ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    while size >= 1024 and len(units) > 1:
+        size /= 1024
+        units.pop(0)
+    return f"{n} bytes" if units[0] == "bytes" else f"{size:.1f} {units[0]}"
 
 
 def _run_fleet(args: argparse.Namespace) -> int:
@@ -131,6 +279,12 @@ def _run_fleet(args: argparse.Namespace) -> int:
         return fail(PROG, "--replicas > 1 needs --router NAME")
     if args.host_kv_blocks:
         return fail(PROG, "--host-kv-blocks is for one server; a fleet's replicas have none yet")
+    if args.special_tokens_in_content:
+        return fail(
+            PROG,
+            "--special-tokens-in-content is for one server; a fleet's ingress "
+            "takes special tokens from the chat template only",
+        )
     try:
         from radixkv.serve.fleet import serve_fleet
     except ImportError as exc:

@@ -6,7 +6,11 @@ the client's ``generate`` and shapes what comes back: one JSON response, or
 server-sent events ending in ``data: [DONE]``; text and stop strings through
 :class:`~radixkv.serve.text.TextStream`; ``usage`` with the prompt tokens the
 cache held. A bad request is an :class:`~radixkv.serve.errors.ApiError` (OpenAI's error body) before
-the engine sees it. The single-engine app (:mod:`radixkv.serve.app`) and the
+the engine sees it; any other failure is logged and answered as a 500 with that body
+(an exception escaping the app would drop the client's keep-alive connection).
+Prompts are tokenized (and chat templates rendered) on a worker thread, so a long
+prompt does not stall the event loop; a ``temperature`` below :data:`SAMPLING_EPS`
+is greedy, as in vLLM. The single-engine app (:mod:`radixkv.serve.app`) and the
 fleet's ingress (:mod:`radixkv.serve.fleet_ingress`) differ only in their client
 and their routes.
 """
@@ -14,11 +18,13 @@ and their routes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -51,8 +57,29 @@ __all__ = [
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 1024  # capped further by what the KV pool can hold
+SAMPLING_EPS = 1e-5  # vLLM's: a lower temperature is greedy (1/temperature would overflow)
 
 Body = CompletionRequest | ChatCompletionRequest
+P = ParamSpec("P")
+R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+
+def _api_errors(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """``handler`` raising only ``ApiError``s: any other failure is logged and answered as a
+    500 with OpenAI's body (an exception that escaped the app would drop the connection)."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await handler(*args, **kwargs)
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - OpenAI's error body, whatever failed
+            log.exception("a request failed")
+            raise as_api_error(exc) from None
+
+    return wrapper
 
 
 class EngineCall(Protocol):
@@ -137,12 +164,16 @@ class OpenAIHandlers:
             card["max_model_len"] = self.client.max_model_len
         return {"object": "list", "data": [card]}
 
+    @_api_errors
     async def completions(
         self, body: CompletionRequest, request: Request | None = None
     ) -> Response:
         self._check_model(body.model)
         if isinstance(body.prompt, str):
-            prompt_ids = self._tokenizer("a text prompt").encode(body.prompt)
+            # on a worker thread: a long prompt must not stall every client (tokenizers in
+            # Rust let go of the GIL)
+            encode = self._tokenizer("a text prompt").encode
+            prompt_ids = await asyncio.to_thread(encode, body.prompt)
             if not prompt_ids:
                 raise ApiError(400, "prompt encodes to no tokens", param="prompt")
         else:
@@ -152,12 +183,14 @@ class OpenAIHandlers:
         )
         return await self._answer(job, body.stream, request)
 
+    @_api_errors
     async def chat(self, body: ChatCompletionRequest, request: Request | None = None) -> Response:
         self._check_model(body.model)
         tokenizer = self._tokenizer("chat")
         messages = [m.as_template_input() for m in body.messages]
+        render = functools.partial(tokenizer.apply_chat_template, add_generation_prompt=True)
         try:
-            prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            prompt_ids = list(await asyncio.to_thread(render, messages))  # as a text prompt
         except Exception as exc:  # noqa: BLE001 - jinja raises its own errors
             message = f"cannot render the chat template: {exc}"
             raise ApiError(400, message, param="messages") from None
@@ -233,7 +266,7 @@ class OpenAIHandlers:
         try:
             params = SamplingParams(
                 max_new_tokens=max_tokens,
-                temperature=body.temperature,
+                temperature=body.temperature if body.temperature >= SAMPLING_EPS else 0.0,
                 top_p=body.top_p,
                 seed=body.seed,
                 stop_token_ids=tuple(stop_ids),

@@ -1,12 +1,20 @@
 """The OpenAI API's requests as pydantic models, and its responses as JSON-ready dicts.
 
 Requests are checked strictly: every field has its OpenAI type and JSON types are
-not coerced (``"max_tokens": "5"`` and ``"stream": 1`` are errors). Fields
+not coerced (``"max_tokens": "5"`` and ``"stream": 1`` are errors); an optional field
+set to ``null`` takes its default, as OpenAI's nullable fields do. Fields
 OpenAI defines that radixkv does not implement (``logprobs``, ``n`` > 1, penalties,
 ``logit_bias``, tools) are type-checked too and refused unless left at their
 neutral value, never silently ignored. Fields outside the API are ignored, as
 vLLM does. vLLM's extensions are accepted: ``stop_token_ids``, ``ignore_eos``,
 ``cache_salt`` and ``return_token_ids``.
+
+Every string must be valid Unicode, encodable as UTF-8: JSON's ``"\\ud800"`` escape
+(a lone surrogate) is legal JSON but no text, so a field holding one is a 400
+naming it; ``user`` and ``cache_salt`` become cache namespaces, so nothing
+unencodable reaches the cache. ``stop`` holds at most :data:`MAX_STOP` entries, each
+string at most :data:`MAX_STOP_LEN` characters (OpenAI allows 4 stop sequences).
+:func:`decode_json` is the body's JSON: UTF-8 only, whatever the ``Content-Type``.
 
 Responses follow OpenAI's shapes (``text_completion``, ``chat.completion`` and their
 ``.chunk`` stream forms); ``usage.prompt_tokens_details.cached_tokens`` is the prompt
@@ -15,35 +23,122 @@ prefix the radix cache held.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 import uuid
 from collections.abc import Hashable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "MAX_STOP",
+    "MAX_STOP_LEN",
     "StreamOptions",
     "chat_chunk",
     "chat_response",
     "completion_chunk",
     "completion_response",
+    "decode_json",
     "error_body",
     "namespace_of",
     "new_id",
     "usage",
     "usage_chunk",
+    "utf8_problem",
 ]
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
+MAX_STOP = 16
+"""Most entries (strings and token ids) of ``stop``: OpenAI allows 4 stop sequences."""
+MAX_STOP_LEN = 256
+"""Most characters of one stop string."""
+
+
+def utf8_problem(text: str) -> str | None:
+    r"""Why ``text`` cannot be encoded as UTF-8 (a lone surrogate, and where), or None.
+
+    >>> utf8_problem("hé") is None, utf8_problem("a" + chr(0xD800))
+    (True, "a lone surrogate '\\ud800' at character 1 is not valid UTF-8 text")
+
+    Complexity: O(len(text)), and O(1) extra for ASCII text.
+    """
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = text[exc.start]
+        return f"a lone surrogate {char!r} at character {exc.start} is not valid UTF-8 text"
+    return None
+
+
+def _utf8(text: str) -> str:
+    problem = utf8_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+"""A string that is valid Unicode text (encodable as UTF-8)."""
+
+
+def decode_json(raw: bytes) -> Any:
+    """The JSON value of a request body: UTF-8 (a leading byte-order mark is skipped).
+
+    ``ValueError`` with a message for a client: bytes that are not UTF-8 (and where),
+    malformed JSON, an integer of more digits than Python converts (4300), nesting
+    deeper than the parser's recursion limit. Complexity: O(len(raw)).
+    """
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        byte = raw[exc.start]
+        raise ValueError(
+            f"the body is not UTF-8: byte 0x{byte:02x} at offset {exc.start}"
+        ) from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("the body is not valid JSON: it nests too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the body is not valid JSON: {exc}") from None
+    except ValueError:  # json's only other: an integer longer than Python converts
+        limit = sys.get_int_max_str_digits()
+        raise ValueError(
+            f"the body is not valid JSON: an integer has more than {limit} digits"
+        ) from None
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """An optional field set to null takes its default: OpenAI's optional fields are
+        nullable (``"temperature": null`` is 1.0), and clients send nulls for "not given"."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if v is not None or k not in fields or fields[k].is_required()
+        }
 
 
 class StreamOptions(_Strict):
@@ -53,17 +148,17 @@ class StreamOptions(_Strict):
 class _Sampling(_Strict):
     """The fields both endpoints share."""
 
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    stop: str | list[str | int] | None = None
+    stop: Text | list[Text | int] | None = None
     stop_token_ids: list[int] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
-    cache_salt: str | None = Field(None, min_length=1)
+    user: Text | None = None
+    cache_salt: Text | None = Field(None, min_length=1)
     ignore_eos: bool = False
     return_token_ids: bool = False
     # OpenAI fields radixkv does not implement: typed, and refused unless neutral.
@@ -75,9 +170,16 @@ class _Sampling(_Strict):
     @field_validator("stop")
     @classmethod
     def _stop_entries(cls, v: str | list[str | int] | None) -> str | list[str | int] | None:
-        for s in [v] if isinstance(v, str) else v or []:
+        stop = [v] if isinstance(v, str) else v or []
+        if len(stop) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences, got {len(stop)}")
+        for s in stop:
             if isinstance(s, int) and s < 0:
                 raise ValueError(f"token ids must be >= 0, got {s}")
+            if isinstance(s, str) and len(s) > MAX_STOP_LEN:
+                raise ValueError(
+                    f"a stop string holds at most {MAX_STOP_LEN} characters, got {len(s)}"
+                )
         return v
 
     @field_validator("stop_token_ids")
@@ -131,10 +233,10 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: ``prompt`` is text or a list of token ids (one prompt)."""
 
-    prompt: str | list[int]
+    prompt: Text | list[int]
     echo: bool = False
     logprobs: int | None = None
-    suffix: str | None = None
+    suffix: Text | None = None
     best_of: int | None = None
 
     @field_validator("prompt")
@@ -165,15 +267,15 @@ class CompletionRequest(_Sampling):
 
 class _TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     """One message; ``content`` is text or a list of ``{"type": "text", "text"}`` parts."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_TextPart] | None = None
-    name: str | None = None
+    content: Text | list[_TextPart] | None = None
+    name: Text | None = None
 
     def as_template_input(self) -> dict[str, str]:
         """``{"role", "content"}`` for a chat template (``developer`` reads as ``system``)."""
@@ -228,8 +330,13 @@ def namespace_of(cache_salt: str | None, user: str | None) -> Hashable:
 
     A salt is the namespace itself, so a radixkv replica's KV event hashes for a
     salted prompt match vLLM's (which puts the salt in the first block's extra keys);
-    the ``"user"`` tag keeps a user named like a salt apart from it.
+    the ``"user"`` tag keeps a user named like a salt apart from it. ``ValueError``
+    naming the field if either is not valid UTF-8 text (a lone surrogate).
     """
+    for field, value in (("cache_salt", cache_salt), ("user", user)):
+        problem = None if value is None else utf8_problem(value)
+        if problem is not None:
+            raise ValueError(f"{field}: {problem}")
     if cache_salt is not None:
         return cache_salt
     if user is not None:
