@@ -393,3 +393,33 @@ def test_a_namespace_the_event_hasher_cannot_encode_is_refused_before_queueing(m
     assert b.stats.cached_tokens == 16 and a.output_ids == b.output_ids
     assert engine.cache.take_events()
     assert_nothing_held(engine)
+
+
+def test_a_tiny_temperature_samples_the_greedy_token():
+    """Dividing unshifted logits by 5e-324 overflowed to inf and the softmax to NaN: a failed
+    step (found through the server, issue 21). Shifted by the top logit it is the argmax."""
+    from model_helpers import ENGINE_CONFIG
+
+    from radixkv.engine import Engine, EngineConfig, SamplingParams
+    from radixkv.model import random_model
+
+    model = random_model(ENGINE_CONFIG, seed=0)
+    prompt = list(range(1, 20))
+    greedy = Engine(model, EngineConfig(block_size=4, num_blocks=64)).generate(
+        [prompt], SamplingParams(max_new_tokens=6)
+    )[0]
+    for temperature in (5e-324, 1e-300):
+        engine = Engine(model, EngineConfig(block_size=4, num_blocks=64))
+        [out] = engine.generate(
+            [prompt], SamplingParams(max_new_tokens=6, temperature=temperature, seed=3)
+        )
+        assert out.finish_reason == "length" and out.error is None
+        assert out.output_ids == greedy.output_ids
+
+
+def test_stop_tokens_are_looked_up_as_a_set():
+    from radixkv.engine import SamplingParams
+
+    params = SamplingParams(stop_token_ids=[5, 9, 5])
+    assert params.stop_token_ids == (5, 9, 5)
+    assert params.is_stop(9) and params.is_stop(5) and not params.is_stop(4)

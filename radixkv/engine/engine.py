@@ -544,7 +544,10 @@ class Engine:
 
     def _sample_one(self, req: Request, row: torch.Tensor) -> int:
         """Temperature / top-p sampling from ``req``'s own generator (batch-independent)."""
-        probs = torch.softmax(row.double().cpu() / req.params.temperature, dim=-1)
+        # shifted so the top logit is 0 before dividing: at a tiny temperature the rest go
+        # to -inf (a one-hot), where an unshifted row overflowed to inf and softmax to NaN
+        logits = row.double().cpu()
+        probs = torch.softmax((logits - logits.max()) / req.params.temperature, dim=-1)
         if req.params.top_p < 1.0:
             sorted_p, order = probs.sort(descending=True)
             keep = (sorted_p.cumsum(0) - sorted_p) < req.params.top_p  # always keeps the top one

@@ -63,6 +63,12 @@ class SamplingParams:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+        # looked up once per generated token: a set, whatever the list's length
+        object.__setattr__(self, "_stop_set", frozenset(self.stop_token_ids))
+
+    def is_stop(self, token: int) -> bool:
+        """Whether ``token`` is one of ``stop_token_ids``. Complexity: O(1)."""
+        return token in self._stop_set
 
     @property
     def greedy(self) -> bool:
@@ -226,7 +232,7 @@ class Request:
             self._buf = buf
         self._buf[self._len] = token
         self._len += 1
-        if token in self.params.stop_token_ids:
+        if self.params.is_stop(token):
             self.finish_reason = FinishReason.STOP
         elif self.num_output_tokens >= self.params.max_new_tokens:
             self.finish_reason = FinishReason.LENGTH
