@@ -331,12 +331,47 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "stop": [True]}, "stop"),
     ("/v1/completions", {"prompt": "hi", "stop": {"a": 1}}, "stop"),
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, "stop_token_ids"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 129}, "n"),
     ("/v1/completions", {"prompt": "hi", "n": "two"}, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": True}, "n"),
+    ("/v1/completions", {"prompt": ["a"] * 9, "n": 128}, "n"),
+    ("/v1/completions", {"prompt": ["a"] * 1025}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 3}, "best_of"),
     ("/v1/completions", {"prompt": "hi", "logprobs": "yes"}, "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 21}, "prompt_logprobs"),
     ("/v1/completions", {"prompt": "hi", "presence_penalty": "x"}, "presence_penalty"),
-    ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty"),
+    ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/completions", {"prompt": "hi", "top_k": -2}, "top_k"),
+    ("/v1/completions", {"prompt": "hi", "top_k": 1.5}, "top_k"),
+    ("/v1/completions", {"prompt": "hi", "min_p": 1.5}, "min_p"),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": -1}, "min_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "min_tokens": 4}, "min_tokens"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"300": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": [1]}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo"),
+    ("/v1/completions", {"prompt": "hi", "suffix": "x"}, "suffix"),
+    ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, "use_beam_search"),
+    ("/v1/completions", {"prompt": "hi", "response_format": {"type": "json_object"}},
+     "response_format"),
+    ("/v1/completions", {"prompt": "hi", "guided_json": {}}, "guided_json"),
+    ("/v1/completions", {"prompt": "hi", "include_stop_str_in_output": True},
+     "include_stop_str_in_output"),
+    ("/v1/completions", {"prompt": "hi", "skip_special_tokens": False}, "skip_special_tokens"),
+    ("/v1/completions", {"prompt": "hi", "stream_options": {"continuous_usage_stats": True}},
+     "stream_options"),
+    ("/v1/completions", {"prompt": [[1, 2], "a"]}, "prompt"),
+    ("/v1/completions", {"prompt": [[1, 2], []]}, "prompt"),
+    ("/v1/completions", {"prompt": [[1, -2]]}, "prompt"),
+    ("/v1/completions", {"prompt": [True]}, "prompt"),
+    ("/v1/completions", {"prompt": [[1], [300]]}, "prompt"),
     ("/v1/completions", {"prompt": "hi", "user": 7}, "user"),
     ("/v1/completions", {"prompt": "hi", "cache_salt": ""}, "cache_salt"),
     ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": "y"}},
@@ -353,10 +388,37 @@ BAD = [
      {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
      "messages"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1},
      "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+     "top_logprobs"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{}]},
      "tools"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}},
+     "response_format"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"x": 1}},
+     "chat_template_kwargs"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ x }}"},
+     "chat_template"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True},
+     "continue_final_message"),
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
+     "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True},
+     "echo"),
     ("/v1/chat/completions",
      {"messages": [{"role": "user", "content": "x" * (NUM_BLOCKS * BLOCK_SIZE)}]}, "messages"),
 ]  # fmt: skip
@@ -416,7 +478,8 @@ def test_models_and_health(server) -> None:
 
 
 def parse_prometheus(text: str) -> dict[str, tuple[str, float]]:
-    """``{sample name: (type, value)}`` from exposition text; asserts the format as it goes."""
+    """``{sample name: (type, value)}`` of the unlabelled-but-for-``model_name`` samples in
+    exposition text; asserts the format as it goes (every sample belongs to a TYPE line)."""
     types: dict[str, str] = {}
     samples: dict[str, tuple[str, float]] = {}
     for line in text.splitlines():
@@ -424,17 +487,23 @@ def parse_prometheus(text: str) -> dict[str, tuple[str, float]]:
             assert len(line.split(" ", 3)) == 4
         elif line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge") and name not in types
+            assert kind in ("counter", "gauge", "histogram") and name not in types
             types[name] = kind
         else:
             name_labels, value = line.rsplit(" ", 1)
             name, labels = name_labels.split("{", 1)
-            assert labels == f'model_name="{MODEL}"}}'
-            assert name in types, f"{name} has no TYPE line"
-            samples[name] = (types[name], float(value))
-    for name, (kind, value) in samples.items():
-        assert math.isfinite(value) and value >= 0
-        assert name.endswith("_total") == (kind == "counter"), name
+            assert f'model_name="{MODEL}"' in labels
+            family = next(
+                (f for f in (name, *(name.rsplit("_", 1)[:1])) if f in types), None
+            )  # counter_total, histogram_bucket/_sum/_count, *_created
+            assert family is not None, f"{name} has no TYPE line"
+            kind = types[family]
+            assert math.isfinite(float(value)) and float(value) >= 0
+            if labels == f'model_name="{MODEL}"}}' and not name.endswith("_created"):
+                samples[name] = (kind, float(value))
+    for name, (kind, _) in samples.items():
+        if kind == "counter":
+            assert name.endswith("_total"), name
     return samples
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -40,7 +40,14 @@ from radixkv.engine.model_runner import (
     build_forward_batch,
     make_model_runner,
 )
-from radixkv.engine.request import FinishReason, Request, RequestStats, SamplingParams
+from radixkv.engine.request import (
+    FinishReason,
+    PromptLogprobs,
+    Request,
+    RequestStats,
+    SamplingParams,
+)
+from radixkv.engine.sampler import Sampler
 from radixkv.engine.scheduler import (
     ADMISSION_POLICIES,
     Scheduler,
@@ -51,13 +58,19 @@ from radixkv.model.kv_copy import KVCopier
 from radixkv.model.kvpool import KVPool
 
 __all__ = [
+    "MAX_PROMPT_LOGPROB_ELEMENTS",
     "Completion",
     "Engine",
     "EngineConfig",
     "EngineStats",
     "TierStats",
+    "TokenObserver",
     "build_forward_batch",
 ]
+
+MAX_PROMPT_LOGPROB_ELEMENTS = 1 << 28
+"""Most logits (prompt tokens x vocabulary) one ``prompt_logprobs`` request computes: the
+prompt runs once, whole, so all its logits exist at once (1 GiB in float32)."""
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +212,21 @@ class Completion:
     stats: RequestStats
     text: str | None = None
     error: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+class TokenObserver(Protocol):
+    """Told, on the engine's thread, about the requests that got a token in a step."""
+
+    def on_tokens(self, reqs: Sequence[Request], now: float) -> None:
+        """``reqs`` each appended one token (and its logprobs) in the step that ended at
+        ``now`` (``time.perf_counter``); finished ones included. Must not mutate them."""
+
+
+class _NoObserver:
+    def on_tokens(self, reqs: Sequence[Request], now: float) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -355,6 +383,10 @@ class Engine:
         )
         self.num_steps = 0
         self.num_failed_steps = 0
+        self.sampler = Sampler()
+        self.observer: TokenObserver = _NoObserver()
+        """Told about each step's new tokens (a server's output stream); set it before
+        serving, never while a step runs."""
         self._num_added = 0  # requests added so far: the default seed's counter
         self._generators: dict[int, torch.Generator] = {}  # sampled requests, until they end
 
@@ -444,11 +476,9 @@ class Engine:
             raise ValueError(
                 f"prompt token id {top} is outside the model's vocabulary (vocab_size {vocab})"
             )
-        bad = [t for t in params.stop_token_ids if t >= vocab]
-        if bad:
-            raise ValueError(
-                f"stop_token_ids {bad} are outside the model's vocabulary (vocab_size {vocab})"
-            )
+        params.check_vocab(vocab)
+        if params.prompt_logprobs is not None:
+            check_prompt_logprobs(req.prompt_len, vocab)
         self.scheduler.validate(req)
         # The cache refuses a namespace it cannot encode (its KV event hashes): say so now,
         # not when the scheduler first matches it. A built-in cache peeks no tokens in O(1).
@@ -485,15 +515,57 @@ class Engine:
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
         try:
+            self._start_requests(out, time.perf_counter())
             logits = self.runner.forward(out, self.kv_manager)
-            next_tokens = self._sample(out, logits)
+            reqs = [s.request if s.samples else None for s in out.seqs]
+            next_tokens = self.sampler.sample(logits, reqs, self._generators)
             finished = self.scheduler.postprocess(out, next_tokens)
+            now = time.perf_counter()
+            self.observer.on_tokens([r for r in reqs if r is not None], now)
         except Exception as exc:  # noqa: BLE001 - one bad step must not wedge the engine
             finished = self._fail(out, exc)
         self.num_steps += 1
         for req in finished:
             self._generators.pop(req.request_id, None)
         return finished
+
+    def _start_requests(self, out: SchedulerOutput, now: float) -> None:
+        """For requests scheduled for the first time: note when, and score their prompt if
+        ``prompt_logprobs`` asks (the whole prompt, run once without the cache)."""
+        for seq in out.seqs:
+            req = seq.request
+            if req.scheduled_time is not None:
+                continue
+            req.scheduled_time = now
+            if req.params.prompt_logprobs is not None:
+                req.prompt_logprobs = self.score_prompt(req.prompt, req.params.prompt_logprobs)
+
+    @torch.no_grad()
+    def score_prompt(self, prompt: TokenSeq, top: int = 0) -> PromptLogprobs:
+        """The model's logprob and rank of each token of ``prompt`` after the first, and the
+        ``top`` likeliest tokens at each position: one dense forward of the whole prompt
+        (``model.forward_dense``), no cache read or written. ``ValueError`` if its logits
+        would exceed :data:`MAX_PROMPT_LOGPROB_ELEMENTS`. Complexity: one forward of
+        ``len(prompt)`` tokens (attention quadratic in it), O(len x vocab) after."""
+        ids = torch.as_tensor(np.asarray(prompt, dtype=np.int64))
+        vocab = self.model.config.vocab_size
+        check_prompt_logprobs(len(ids), vocab)
+        if len(ids) < 2:
+            return PromptLogprobs([], [], [])
+        logits = self.model.forward_dense(ids)
+        logp = torch.log_softmax(logits[:-1].float(), dim=-1)
+        target = ids[1:].to(logp.device)
+        chosen = logp.gather(1, target[:, None])
+        ranks = (logp > chosen).sum(dim=-1) + 1
+        lps = chosen[:, 0].double().cpu().tolist()
+        rank_list = ranks.cpu().tolist()
+        if top:
+            values, index = logp.topk(min(top, vocab), dim=-1)
+            values, index = values.double().cpu().tolist(), index.cpu().tolist()
+            tops = [list(zip(i, v, strict=True)) for i, v in zip(index, values, strict=True)]
+        else:
+            tops = [[] for _ in lps]
+        return PromptLogprobs(lps, rank_list, tops)
 
     def _fail(self, out: SchedulerOutput, exc: Exception) -> list[Request]:
         """Finish every request of a failed step with an error; return the step's finished."""
@@ -512,47 +584,6 @@ class Engine:
                 self.scheduler.finish(req, FinishReason.ERROR, error=message)
         # Requests that postprocess finished normally before the failure count as finished too.
         return [r for r in reqs if r.finish_reason is not None]
-
-    def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> list[int | None]:
-        """One token per sequence that reached its last token (None for mid-prefill chunks).
-
-        Appends each picked token's log-probability to its request's ``logprobs``.
-        Greedy picks and their log-probabilities come back in one device-to-host
-        copy, the step's only wait for the device (a sampled request adds its own).
-        """
-        seqs = out.seqs
-        tokens: list[int | None] = [None] * len(seqs)
-        if not any(s.samples for s in seqs):
-            return tokens
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        picks = logits.argmax(dim=-1)  # ties go to the lowest id
-        chosen = logp.gather(1, picks[:, None])[:, 0]
-        host = torch.stack([picks.double(), chosen.double()]).cpu()
-        picked, chosen_lp = host[0].long().tolist(), host[1].tolist()
-        for k, seq in enumerate(seqs):
-            if not seq.samples:
-                continue
-            req = seq.request
-            if req.params.greedy:
-                token, lp = picked[k], chosen_lp[k]
-            else:
-                token = self._sample_one(req, logits[k])
-                lp = float(logp[k, token])
-            tokens[k] = token
-            req.logprobs.append(lp)
-        return tokens
-
-    def _sample_one(self, req: Request, row: torch.Tensor) -> int:
-        """Temperature / top-p sampling from ``req``'s own generator (batch-independent)."""
-        # shifted so the top logit is 0 before dividing: at a tiny temperature the rest go
-        # to -inf (a one-hot), where an unshifted row overflowed to inf and softmax to NaN
-        logits = row.double().cpu()
-        probs = torch.softmax((logits - logits.max()) / req.params.temperature, dim=-1)
-        if req.params.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            keep = (sorted_p.cumsum(0) - sorted_p) < req.params.top_p  # always keeps the top one
-            probs = torch.zeros_like(probs).index_copy_(0, order[keep], sorted_p[keep])
-        return int(torch.multinomial(probs, 1, generator=self._generators[req.request_id]))
 
     # ------------------------------------------------------------- generate
     def generate(
@@ -624,6 +655,8 @@ class Engine:
             stats=req.stats(),
             text=text,
             error=req.error,
+            top_logprobs=list(req.top_logprobs),
+            prompt_logprobs=req.prompt_logprobs,
         )
 
     @staticmethod
@@ -652,6 +685,18 @@ class Engine:
     def reset_cache(self) -> None:
         """Drop everything the cache holds (running requests keep their blocks)."""
         self.kv_manager.reset_cache()
+
+
+def check_prompt_logprobs(prompt_len: int, vocab_size: int) -> None:
+    """``ValueError`` naming ``prompt_logprobs`` if a prompt of ``prompt_len`` tokens has more
+    logits than :data:`MAX_PROMPT_LOGPROB_ELEMENTS`."""
+    if prompt_len * vocab_size > MAX_PROMPT_LOGPROB_ELEMENTS:
+        most = MAX_PROMPT_LOGPROB_ELEMENTS // vocab_size
+        raise ValueError(
+            f"prompt_logprobs needs the logits of the whole prompt at once: a prompt of "
+            f"{prompt_len} tokens is over the {most} this engine scores (vocab_size "
+            f"{vocab_size})"
+        )
 
 
 def _derived_seed(engine_seed: int, ordinal: int) -> int:

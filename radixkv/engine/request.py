@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,14 @@ import numpy as np
 from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
 from radixkv.cache.protocol import check_namespace
 
-__all__ = ["FinishReason", "Request", "RequestStats", "RequestStatus", "SamplingParams"]
+__all__ = [
+    "FinishReason",
+    "PromptLogprobs",
+    "Request",
+    "RequestStats",
+    "RequestStatus",
+    "SamplingParams",
+]
 
 
 @dataclass(frozen=True)
@@ -30,13 +37,30 @@ class SamplingParams:
     - ``max_new_tokens``: generation stops after this many tokens (>= 1).
     - ``temperature``: 0.0 is greedy (argmax; ties go to the lowest id), else
       softmax sampling at that temperature.
-    - ``top_p``: nucleus sampling mass in ``(0, 1]``; ignored when greedy.
+    - ``top_p``: nucleus sampling mass in ``(0, 1]``; ``top_k``: keep the ``k``
+      likeliest tokens (0: all); ``min_p``: drop tokens less likely than ``min_p``
+      times the likeliest one (0: none). Applied in that order after the temperature
+      (min_p, then top-k, then top-p over what top-k kept, as vLLM does); ignored when
+      greedy.
+    - ``repetition_penalty`` (> 0; 1 is none): a token already in the prompt or the
+      output has its logit divided by it (multiplied, if negative);
+      ``presence_penalty`` / ``frequency_penalty``: subtracted from an output token's
+      logit once / once per occurrence. ``logit_bias``: ``(token, bias)`` pairs added
+      to the logits. ``min_tokens``: the stop tokens cannot be picked before this many
+      tokens exist. These apply to greedy requests too, in vLLM's order (bias and
+      min_tokens, then the penalties).
     - ``seed``: seeds the request's own generator, so sampled outputs do not
       depend on batching; an int in ``[-2**63, 2**64)`` (what
       ``torch.Generator.manual_seed`` takes). None: the engine derives one from
       its own seed and the request's arrival order in that engine.
     - ``stop_token_ids``: generation stops after emitting any of these (the
       stop token is kept in the output).
+    - ``top_logprobs``: record the ``k`` likeliest tokens and their logprobs at each
+      output position (``Request.top_logprobs``); 0: none. ``prompt_logprobs``: None,
+      or record each prompt token's logprob, rank and the ``k`` likeliest at its
+      position (``Request.prompt_logprobs``), computed by running the whole prompt
+      once without the cache when the request is first scheduled. Logprobs are those
+      of the model's own distribution, before any of the adjustments above.
     """
 
     max_new_tokens: int = 16
@@ -44,6 +68,15 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    top_logprobs: int = 0
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, low=1)
@@ -65,6 +98,20 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
         # looked up once per generated token: a set, whatever the list's length
         object.__setattr__(self, "_stop_set", frozenset(self.stop_token_ids))
+        _check_int("top_k", self.top_k, low=0)
+        _check_real("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        _check_real("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        _check_real("presence_penalty", self.presence_penalty)
+        _check_real("frequency_penalty", self.frequency_penalty)
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        _check_int("min_tokens", self.min_tokens, low=0, high=self.max_new_tokens)
+        _check_int("top_logprobs", self.top_logprobs, low=0)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0)
 
     def is_stop(self, token: int) -> bool:
         """Whether ``token`` is one of ``stop_token_ids``. Complexity: O(1)."""
@@ -73,6 +120,72 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalises(self) -> bool:
+        """Whether a repetition, presence or frequency penalty applies."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the logits change before a pick (penalties, bias, min_tokens), greedy or not."""
+        return self.penalises or bool(self.logit_bias) or self.min_tokens > 0
+
+    @property
+    def truncates(self) -> bool:
+        """Whether sampling keeps only the likeliest tokens (top-k or top-p)."""
+        return self.top_k > 0 or self.top_p < 1.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """``ValueError`` naming the field if a token id here is outside ``[0, vocab_size)``,
+        or ``top_logprobs`` / ``prompt_logprobs`` ask for more tokens than there are."""
+        bad = [t for t in self.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise ValueError(
+                f"stop_token_ids {bad} are outside the model's vocabulary (vocab_size {vocab_size})"
+            )
+        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
+        if bad:
+            raise ValueError(
+                f"logit_bias token ids {bad} are outside the model's vocabulary "
+                f"(vocab_size {vocab_size})"
+            )
+        for name in ("top_logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and k > vocab_size:
+                raise ValueError(f"{name} is {k}, more than the vocabulary's {vocab_size} tokens")
+
+
+def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` (a mapping or ``(token, bias)`` pairs) as checked pairs sorted by token."""
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise ValueError(f"logit_bias must hold (token, bias) pairs, got {bias!r}")
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise ValueError(f"logit_bias must hold (token, bias) pairs, got {item!r}")
+        token, value = item
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+            raise ValueError(f"logit_bias token ids must be non-negative ints, got {token!r}")
+        _check_real("logit_bias", value)
+        pairs[int(token)] = float(value)
+    return tuple(sorted(pairs.items()))
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """The model's view of a prompt, for ``prompt_ids[1:]`` (the first token has none):
+    each token's ``logprobs`` and ``ranks`` (1: the likeliest) and the ``top`` likeliest
+    ``(token, logprob)`` pairs at its position."""
+
+    logprobs: list[float]
+    ranks: list[int]
+    top: list[list[tuple[int, float]]]
 
 
 SEED_MIN = -(2**63)
@@ -147,7 +260,8 @@ class Request:
         "request_id", "params", "namespace", "prompt_len", "status", "finish_reason",
         "num_computed_tokens", "prefill_end", "cached_tokens", "num_prefill_tokens",
         "num_decode_tokens", "num_preemptions", "arrival_time", "first_token_time",
-        "finish_time", "admitted", "logprobs", "error", "_buf", "_len",
+        "finish_time", "admitted", "logprobs", "error", "_buf", "_len", "scheduled_time",
+        "top_logprobs", "prompt_logprobs",
     )  # fmt: skip
 
     def __init__(
@@ -183,11 +297,18 @@ class Request:
         self.num_decode_tokens = 0
         self.num_preemptions = 0
         self.arrival_time = arrival_time
+        self.scheduled_time: float | None = None
+        """When the engine first scheduled it (``time.perf_counter``): its queue time ends."""
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.admitted = False
         self.logprobs: list[float] = []
-        """Log-probability of each output token under the distribution it was picked from."""
+        """Log-probability of each output token under the model's distribution."""
+        self.top_logprobs: list[list[tuple[int, float]]] = []
+        """The likeliest ``(token, logprob)`` pairs at each output position, when
+        ``params.top_logprobs`` asks for them (empty otherwise)."""
+        self.prompt_logprobs: PromptLogprobs | None = None
+        """The prompt's logprobs, once computed, when ``params.prompt_logprobs`` asks."""
         self.error: str | None = None
         """Why the request ended with ``FinishReason.ERROR``."""
 

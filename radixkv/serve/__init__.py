@@ -4,12 +4,13 @@
 thread of its own for asyncio code (:mod:`~radixkv.serve.worker` is that thread,
 :mod:`~radixkv.serve.stream` what a caller iterates); :mod:`~radixkv.serve.app` is the FastAPI app
 (:mod:`~radixkv.serve.handlers` the OpenAI request handling it shares with the fleet's
-ingress, :mod:`~radixkv.serve.protocol` the request and response shapes,
+ingress, :mod:`~radixkv.serve.choices` a request's choices, :mod:`~radixkv.serve.protocol`
+the request shapes, :mod:`~radixkv.serve.responses` the response shapes,
 :mod:`~radixkv.serve.text` incremental text and stop strings,
 :mod:`~radixkv.serve.metrics` Prometheus text); :mod:`~radixkv.serve.models` loads
 what ``--model`` names; :mod:`~radixkv.serve.cli` is ``radixkv serve``. Needs the
-``engine`` and ``serve`` extras (torch, fastapi, uvicorn). Names load on first use,
-so importing this package (as the ``radixkv`` command does) costs nothing.
+``engine`` and ``serve`` extras (torch, fastapi, uvicorn, prometheus_client). Names load
+on first use, so importing this package (as the ``radixkv`` command does) costs nothing.
 """
 
 from __future__ import annotations

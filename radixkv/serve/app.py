@@ -4,8 +4,11 @@
 
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``, both also as
   server-sent events (``"stream": true``, ending in ``data: [DONE]``);
-- ``GET /v1/models``, ``GET /health`` (200, or 503 once the engine thread failed),
-  ``GET /metrics`` (Prometheus text, :mod:`radixkv.serve.metrics`).
+- ``GET /v1/models`` and ``GET /v1/models/{id}`` (``max_model_len``: the model's context
+  length where its metadata gives one, else the tokens the KV pool holds), ``GET
+  /version``, vLLM's ``POST /tokenize`` and ``POST /detokenize``;
+- ``GET /health`` (200, or 503 once the engine thread failed), ``GET /metrics``
+  (Prometheus text, :mod:`radixkv.serve.metrics`, names under ``metrics_prefix``).
 
 The body is read as JSON whatever its ``Content-Type`` (:func:`~radixkv.serve.errors.parse_body`).
 A bad request (bytes that are not UTF-8 JSON, a wrong type, text that is not valid
@@ -22,6 +25,7 @@ does on SIGINT/SIGTERM) open requests end with ``"abort"``, new ones get a 503 a
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,8 +41,14 @@ from radixkv.serve.handlers import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     OpenAIHandlers,
 )
-from radixkv.serve.metrics import CONTENT_TYPE, render_metrics
-from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest, utf8_problem
+from radixkv.serve.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
+from radixkv.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    utf8_problem,
+)
 
 __all__ = [
     "DEFAULT_CHAT_MAX_TOKENS",
@@ -61,7 +71,12 @@ def default_max_body_bytes(max_model_len: int) -> int:
 
 
 def build_app(
-    engine: AsyncEngine, *, model_name: str, max_body_bytes: int | None = None
+    engine: AsyncEngine,
+    *,
+    model_name: str,
+    max_body_bytes: int | None = None,
+    max_model_len: int | None = None,
+    metrics_prefix: str = DEFAULT_PREFIX,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` under the model name ``model_name``.
 
@@ -69,6 +84,10 @@ def build_app(
     without one only token-id completions work and replies carry no text. A request
     body over ``max_body_bytes`` (default: :func:`default_max_body_bytes` of the pool) is a 413,
     refused before it is read whole: parsing a huge body would stall every client.
+    ``max_model_len`` is the model's context length
+    (:func:`~radixkv.serve.models.context_length`; None: unknown, and the pool alone
+    bounds a request): ``/v1/models`` reports it and longer requests are refused.
+    ``metrics_prefix`` names the metrics (``"vllm"`` for vLLM's own names).
     ``TypeError`` / ``ValueError`` naming the argument for a bad one.
     """
     if not isinstance(engine, AsyncEngine):
@@ -85,7 +104,13 @@ def build_app(
     elif max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     body_limit = max_body_bytes
-    api = OpenAIHandlers(client, model_name)
+    if max_model_len is not None and (
+        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
+    ):
+        raise ValueError(f"max_model_len must be a positive int or None, got {max_model_len!r}")
+    metrics = ServerMetrics(model_name, metrics_prefix, max_model_len or client.max_model_len)
+    api = OpenAIHandlers(client, model_name, context_len=max_model_len, metrics=metrics.requests)
+    has_host_tier = engine.engine.config.host_kv_blocks > 0
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -115,6 +140,24 @@ def build_app(
     async def models() -> dict[str, Any]:
         return api.models()
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        return api.model(model_id)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": _version()}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = parse_body(TokenizeRequest, await _read_body(request, body_limit))
+        return await api.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = parse_body(DetokenizeRequest, await _read_body(request, body_limit))
+        return await api.detokenize(body)
+
     @app.get("/health")
     async def health() -> Response:
         if engine.is_serving:
@@ -125,8 +168,11 @@ def build_app(
         return error_response(ApiError(503, message, type_="service_unavailable"))
 
     @app.get("/metrics")
-    async def metrics() -> Response:
-        text = render_metrics(engine.metrics(), model_name)
+    async def metrics_text() -> Response:
+        tiers = None
+        if has_host_tier and engine.is_running:
+            tiers = await engine.call(lambda e: e.tier_stats())  # read on the engine thread
+        text = metrics.render(engine.metrics(), tiers)
         return Response(text, media_type=CONTENT_TYPE)
 
     return app
@@ -208,3 +254,11 @@ class _EngineCall:
 
     async def abort(self) -> None:
         await self.engine.abort(self.stream.request_id)
+
+
+def _version() -> str:
+    """The installed radixkv's version (the serve tier may not import the package root)."""
+    try:
+        return importlib.metadata.version("radixkv")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

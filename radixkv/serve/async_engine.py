@@ -20,6 +20,11 @@ Per-request state lives exactly as long as the request: the loop side keeps a
 request's queue until its final output is delivered (or its consumer goes away),
 the engine thread keeps its id mapping until it finishes or is aborted.
 
+Each step's new tokens reach the loop with what the engine knew of them (logprobs, top
+alternatives, times: a :class:`~radixkv.serve.stream.TokenInfo`): the engine tells this
+module's recorder (its ``observer``) during the step, and each request's delta picks it
+up on its way out, on the engine thread.
+
 This module is the loop side (lifecycle, checks, delivery);
 :mod:`~radixkv.serve.worker` is the engine thread's; :mod:`~radixkv.serve.stream`
 is what a consumer iterates.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import queue
 import threading
@@ -38,9 +44,9 @@ from typing import TypeVar
 import numpy as np
 
 from radixkv.cache.protocol import check_namespace
-from radixkv.engine.engine import Engine
+from radixkv.engine.engine import Engine, check_prompt_logprobs
 from radixkv.engine.request import Request, SamplingParams
-from radixkv.serve.stream import Delta, RequestOutput, RequestStream
+from radixkv.serve.stream import Delta, RequestOutput, RequestStream, TokenInfo
 from radixkv.serve.worker import ABORT, ADD, CALL, STOP, EngineMetrics, EngineWorker
 
 __all__ = ["AsyncEngine", "EngineMetrics", "RequestOutput", "RequestStream"]
@@ -75,6 +81,8 @@ class AsyncEngine:
         self._closing = False
         self._draining = False  # drain() called: refuse new requests until shutdown() ends
         self._worker = EngineWorker(engine, self._commands, self._post, event_sink)
+        self._recorder = _TokenRecorder(self._worker)
+        engine.observer = self._recorder
 
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -245,11 +253,9 @@ class AsyncEngine:
             raise ValueError(
                 f"prompt_ids holds token id {top}, outside the vocabulary (vocab_size {vocab})"
             )
-        bad = [t for t in params.stop_token_ids if t >= vocab]
-        if bad:
-            raise ValueError(
-                f"stop_token_ids holds {bad}, outside the vocabulary (vocab_size {vocab})"
-            )
+        params.check_vocab(vocab)
+        if params.prompt_logprobs is not None:
+            check_prompt_logprobs(req.prompt_len, vocab)
         room = self.max_new_tokens(req.prompt_len)
         if params.max_new_tokens > room:
             alloc = self.engine.allocator
@@ -272,7 +278,15 @@ class AsyncEngine:
                 del self._channels[stream_id]
 
     def _post(self, outputs: list[tuple[int, Delta | BaseException]]) -> None:
-        """From the engine thread: schedule delivery on the loop (dropped if it closed)."""
+        """From the engine thread: attach what the recorder learned of each delta's tokens,
+        then schedule delivery on the loop (dropped if it closed)."""
+        take = self._recorder.take
+        outputs = [
+            (sid, dataclasses.replace(item, info=info))
+            if isinstance(item, Delta) and (info := take(sid)) is not None
+            else (sid, item)
+            for sid, item in outputs
+        ]
         if outputs and self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(self._deliver, outputs)
@@ -290,6 +304,34 @@ class AsyncEngine:
                     loop.call_soon_threadsafe(_resolve, stopped)
                 except RuntimeError:  # the loop closed: nobody waits
                     pass
+
+
+class _TokenRecorder:
+    """The engine's observer (engine thread): what it knew of each stream's new tokens,
+    until that stream's next delta takes it (:meth:`take`)."""
+
+    def __init__(self, worker: EngineWorker) -> None:
+        self._by_engine = worker.by_engine  # engine id -> the tracked stream, while it runs
+        self._pending: dict[int, TokenInfo] = {}
+
+    def on_tokens(self, reqs: Sequence[Request], now: float) -> None:
+        pending = self._pending
+        for req in reqs:
+            tracked = self._by_engine.get(req.request_id)
+            if tracked is None:  # not one of ours (a request added past the AsyncEngine)
+                continue
+            info = pending.get(tracked.stream_id)
+            if info is None:
+                info = pending[tracked.stream_id] = TokenInfo(
+                    [], [], [], req.prompt_logprobs, req.arrival_time, req.scheduled_time
+                )
+            info.logprobs.append(req.logprobs[-1])
+            info.top_logprobs.append(req.top_logprobs[-1] if req.params.top_logprobs else [])
+            info.times.append(now)
+
+    def take(self, stream_id: int) -> TokenInfo | None:
+        """The stream's info since the last take (None if nothing new); forgets it."""
+        return self._pending.pop(stream_id, None)
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -10,6 +10,12 @@ stderr before anything is served or allocated. ``--port 0`` takes a free port
 with ``finish_reason`` ``"abort"``, new ones get a 503, and the process exits once
 their connections close (0 after SIGINT; SIGTERM's own status, 143, after SIGTERM).
 
+``--kv-events ENDPOINT[,REPLAY_ENDPOINT]`` publishes the radix cache's KV events as vLLM
+does (ZMQ PUB on ``ENDPOINT``, replay on a ROUTER at ``REPLAY_ENDPOINT``;
+:class:`~radixkv.fleet.transport.EventPublisher`, needs pyzmq), so a router built for
+vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` names
+``/metrics`` as vLLM does.
+
 ``--replicas N`` (N > 1) with ``--router NAME`` serves a fleet on Ray Serve instead
 (:func:`radixkv.serve.fleet.serve_fleet`). This module imports only argparse at
 load time; fastapi, uvicorn, torch and ray load when the command runs.
@@ -48,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description=(
             "Serve one model with the radix prefix cache over OpenAI's HTTP API "
-            "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics). "
+            "(/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, "
+            "/version, /health, /metrics). "
             "With --replicas N > 1 and --router, serve a fleet of N replicas on Ray Serve."
         ),
     )
@@ -97,6 +104,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--router", default=None, help="routing policy of a fleet (needed with --replicas > 1)"
     )
+    p.add_argument(
+        "--metrics-prefix",
+        default="radixkv",
+        help="prefix of /metrics names: 'radixkv' (default) or 'vllm' for vLLM's own names, "
+        "so dashboards built for vLLM read this server unchanged",
+    )
+    p.add_argument(
+        "--kv-events",
+        default=None,
+        metavar="ENDPOINT[,REPLAY_ENDPOINT]",
+        help="publish the cache's KV events (vLLM's ZMQ format) on ENDPOINT, e.g. "
+        "tcp://*:5557 (port 0: any free port), serving replay on REPLAY_ENDPOINT if given "
+        "(one server, not a fleet; needs pyzmq)",
+    )
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn's log level")
     p.set_defaults(func=run_serve)
 
@@ -114,10 +135,29 @@ def run_serve(args: argparse.Namespace) -> int:
         from radixkv.engine.engine import Engine, EngineConfig
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
-        from radixkv.serve.models import load_model, model_name
+        from radixkv.serve.metrics import check_prefix
+        from radixkv.serve.models import context_length, load_model, model_name
         from radixkv.serve.protocol import utf8_problem
     except ImportError as exc:
         return fail(PROG, f"{exc}; install the serve extra: pip install 'radixkv[serve]'")
+    try:
+        check_prefix(args.metrics_prefix)
+    except ValueError as exc:
+        return fail(PROG, f"--metrics-prefix: {exc}")
+    endpoints = None
+    if args.kv_events is not None:
+        endpoints = args.kv_events.split(",")
+        if len(endpoints) > 2 or not all(e.strip() for e in endpoints):
+            return fail(
+                PROG, f"--kv-events takes ENDPOINT[,REPLAY_ENDPOINT], got {args.kv_events!r}"
+            )
+        try:
+            from radixkv.fleet.transport import EventPublisher
+            from radixkv.serve.models import event_hasher
+        except ImportError as exc:
+            return fail(
+                PROG, f"--kv-events needs pyzmq and msgspec ({exc}): pip install 'radixkv[fleet]'"
+            )
     name = args.served_model_name or model_name(args.model)
     if (problem := utf8_problem(name)) is not None:  # argv may hold any bytes
         if args.served_model_name is None:
@@ -148,24 +188,43 @@ def run_serve(args: argparse.Namespace) -> int:
     problem = _kv_memory_problem(args, model, engine_config)
     if problem is None:
         try:
-            engine = Engine(model, engine_config, tokenizer=tokenizer)
+            hasher = event_hasher() if endpoints is not None else None
+            engine = Engine(model, engine_config, tokenizer=tokenizer, events=hasher)
         except (MemoryError, RuntimeError) as exc:  # torch's allocation failure, past the check
             problem = f"--num-blocks/--host-kv-blocks: cannot allocate the KV pool: {exc}"
     if problem is not None:
         sock.close()
         return fail(PROG, problem.splitlines()[0])
-    async_engine = AsyncEngine(engine)
-    app = build_app(async_engine, model_name=name)
+    publisher = None
+    if endpoints is not None:
+        try:
+            publisher = EventPublisher(endpoints[0], endpoints[1] if len(endpoints) > 1 else None)
+        except (OSError, TypeError, ValueError) as exc:
+            sock.close()
+            return fail(PROG, f"--kv-events: {exc}")
+    async_engine = AsyncEngine(engine, event_sink=publisher.publish if publisher else None)
+    app = build_app(
+        async_engine,
+        model_name=name,
+        max_model_len=context_length(args.model),
+        metrics_prefix=args.metrics_prefix,
+    )
     port = sock.getsockname()[1]
     base = f"http://{_url_host(args.host)}:{port}"
     print(f"radixkv serve: {name!r} at {base}/v1 (Ctrl-C stops)")
     print(f"  {curl_example(base, name)}")
+    if publisher is not None:
+        replay = f", replay on {publisher.replay_endpoint}" if publisher.replay_endpoint else ""
+        print(f"  KV events on {publisher.endpoint}{replay}")
     sys.stdout.flush()
     config = uvicorn.Config(app, log_level=args.log_level, lifespan="on")
     try:
         _draining_server(config, async_engine).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
         pass
+    finally:
+        if publisher is not None:
+            publisher.close()
     return 0
 
 
@@ -279,6 +338,12 @@ def _run_fleet(args: argparse.Namespace) -> int:
         return fail(PROG, "--replicas > 1 needs --router NAME")
     if args.host_kv_blocks:
         return fail(PROG, "--host-kv-blocks is for one server; a fleet's replicas have none yet")
+    if args.kv_events is not None:
+        return fail(
+            PROG, "--kv-events is for one server; a fleet's replicas publish on ports of their own"
+        )
+    if args.metrics_prefix != "radixkv":
+        return fail(PROG, "--metrics-prefix is for one server; a fleet's metrics are radixkv's")
     if args.special_tokens_in_content:
         return fail(
             PROG,

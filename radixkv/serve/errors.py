@@ -9,7 +9,6 @@ method) with OpenAI's body too, never FastAPI's ``{"detail": ...}``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -19,7 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from radixkv.serve.protocol import decode_json, error_body
+from radixkv.serve.protocol import FieldError, brief, decode_json
+from radixkv.serve.responses import error_body
 
 __all__ = ["ApiError", "as_api_error", "error_response", "install_error_handlers", "parse_body"]
 
@@ -44,9 +44,12 @@ class ApiError(Exception):
 
 
 def as_api_error(exc: Exception) -> ApiError:
-    """``exc`` as the API reports it: an ``ApiError`` as is, anything else a 500."""
+    """``exc`` as the API reports it: an ``ApiError`` as is, a :class:`FieldError` a 400
+    naming its field, anything else a 500."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, FieldError):
+        return ApiError(400, str(exc), param=exc.param)
     return ApiError(500, f"{type(exc).__name__}: {exc}", type_="internal_error")
 
 
@@ -112,24 +115,13 @@ def _validation_error(errors: Sequence[Mapping[str, Any]]) -> ApiError:
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     where = ".".join(path)
     if "input" in first and path and first.get("type") != "value_error":  # ours say it
-        message = f"{message}, got {_brief(first['input'])}"
+        message = f"{message}, got {brief(first['input'])}"
     if not where:
         if first.get("type") == "missing":
             return ApiError(400, "the request body is missing: send a JSON object")
         if isinstance(first.get("input"), (bytes, bytearray)):  # FastAPI read it as no JSON
             header = "Content-Type: application/json"
             return ApiError(400, f"the body was not read as JSON: send it with {header}")
-        got = _brief(first.get("input"), 100)
+        got = brief(first.get("input"), 100)
         return ApiError(400, f"the request body must be a JSON object, got {got}")
     return ApiError(400, f"{where}: {message}", param=path[0])
-
-
-def _brief(value: object, limit: int = 200) -> str:
-    """``value`` as JSON, cut to ``limit`` characters (its type alone if it will not encode)."""
-    if isinstance(value, (str, list)) and len(value) > limit:
-        value = value[:limit]  # a huge prompt is not dumped whole to show its head
-    try:
-        text = json.dumps(value, default=repr)
-    except (ValueError, RecursionError):
-        text = type(value).__name__
-    return text[:limit]

@@ -1,29 +1,31 @@
 """The OpenAI API's request handling, written once over any :class:`EngineClient`.
 
 :class:`OpenAIHandlers` turns a parsed request (:mod:`radixkv.serve.protocol`)
-into prompt token ids and :class:`~radixkv.engine.request.SamplingParams`, calls
-the client's ``generate`` and shapes what comes back: one JSON response, or
-server-sent events ending in ``data: [DONE]``; text and stop strings through
-:class:`~radixkv.serve.text.TextStream`; ``usage`` with the prompt tokens the
-cache held. A bad request is an :class:`~radixkv.serve.errors.ApiError` (OpenAI's error body) before
-the engine sees it; any other failure is logged and answered as a 500 with that body
-(an exception escaping the app would drop the client's keep-alive connection).
-Prompts are tokenized (and chat templates rendered) on a worker thread, so a long
-prompt does not stall the event loop; a ``temperature`` below :data:`SAMPLING_EPS`
-is greedy, as in vLLM. The single-engine app (:mod:`radixkv.serve.app`) and the
-fleet's ingress (:mod:`radixkv.serve.fleet_ingress`) differ only in their client
-and their routes.
+into prompts (token ids) and :class:`~radixkv.engine.request.SamplingParams`, starts
+one engine call per choice (``n`` per prompt: forks of one prompt share its blocks,
+since the first fork's prefill is cached before the others are admitted) and shapes
+what comes back (:mod:`radixkv.serve.choices`): one JSON response, or server-sent
+events ending in ``data: [DONE]``, every choice's chunks as they come, each with its
+``index``; text and stop strings through :class:`~radixkv.serve.text.TextStream`;
+``usage`` with the prompt tokens the cache held. A bad request is an
+:class:`~radixkv.serve.errors.ApiError` (OpenAI's error body) before the engine sees
+any of it; any other failure is logged and answered as a 500 with that body (an
+exception escaping the app would drop the client's keep-alive connection). Prompts are
+tokenized (and chat templates rendered) on a worker thread, so a long prompt does not
+stall the event loop; a ``temperature`` below :data:`SAMPLING_EPS` is greedy, as in
+vLLM. The single-engine app (:mod:`radixkv.serve.app`) and the fleet's ingress
+(:mod:`radixkv.serve.fleet_ingress`) differ only in their client and their routes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from fastapi import Request
@@ -31,20 +33,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixkv.engine.request import SamplingParams
 from radixkv.serve.async_engine import RequestOutput
+from radixkv.serve.choices import Choice, Prompt, ReplySpec, fork_seed, merged, usage_of
 from radixkv.serve.errors import ApiError, as_api_error
-from radixkv.serve.models import Tokenizer
+from radixkv.serve.metrics import NO_REQUEST_METRICS, RequestMetrics
+from radixkv.serve.models import Tokenizer, render_chat
 from radixkv.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    chat_chunk,
-    chat_response,
-    completion_chunk,
-    completion_response,
+    DetokenizeRequest,
+    FieldError,
+    TokenizeRequest,
     namespace_of,
     new_id,
-    usage,
-    usage_chunk,
 )
+from radixkv.serve.responses import envelope
 from radixkv.serve.text import TextStream
 
 __all__ = [
@@ -75,6 +77,8 @@ def _api_errors(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
             return await handler(*args, **kwargs)
         except ApiError:
             raise
+        except FieldError as exc:
+            raise ApiError(400, str(exc), param=exc.param) from None
         except Exception as exc:  # noqa: BLE001 - OpenAI's error body, whatever failed
             log.exception("a request failed")
             raise as_api_error(exc) from None
@@ -125,79 +129,135 @@ class EngineClient(Protocol):
         it, before anything is answered."""
 
 
-@dataclass
-class _Job:
-    """One request being answered: its call, its text, and how to shape the response."""
+@dataclasses.dataclass
+class _Reply:
+    """One request being answered: its choices and how to shape the response."""
 
     rid: str
-    chat: bool
-    call: EngineCall
-    text: TextStream
-    prompt_len: int
-    token_ids: bool
+    spec: ReplySpec
+    prompts: list[Prompt]
+    choices: list[Choice]
     include_usage: bool
-
-    def usage(self, out: RequestOutput) -> dict[str, Any]:
-        return usage(self.prompt_len, len(out.output_ids), out.cached_tokens)
+    received: float  # loop clock (time.perf_counter) when the request arrived
 
 
 class OpenAIHandlers:
     """The endpoints' logic over ``client``, apart from routing, for the model ``model_name``.
 
+    ``context_len`` is the model's context length (the longest prompt plus reply it takes;
+    None: only the pool bounds it), which ``/v1/models`` reports as ``max_model_len``
+    (else the client's); ``metrics`` records each choice's latencies and lengths.
     ``request``, where a route passes it, is watched: a client that disconnects has
     its request aborted.
     """
 
-    def __init__(self, client: EngineClient, model_name: str) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        model_name: str,
+        *,
+        context_len: int | None = None,
+        metrics: RequestMetrics = NO_REQUEST_METRICS,
+    ) -> None:
         self.client = client
         self.model_name = model_name
+        self.context_len = context_len
+        self.metrics = metrics
         self.created = int(time.time())
 
-    def models(self) -> dict[str, Any]:
+    # ------------------------------------------------------------ models, tokens
+    def model_card(self) -> dict[str, Any]:
+        """The served model as ``/v1/models`` lists it."""
         card: dict[str, Any] = {
             "id": self.model_name,
             "object": "model",
             "created": self.created,
             "owned_by": "radixkv",
+            "root": self.model_name,
+            "parent": None,
         }
-        if self.client.max_model_len is not None:
-            card["max_model_len"] = self.client.max_model_len
-        return {"object": "list", "data": [card]}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return card
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context length where known, else the tokens the pool holds."""
+        return self.context_len if self.context_len is not None else self.client.max_model_len
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self.model_card()]}
+
+    def model(self, model_id: str) -> dict[str, Any]:
+        """``GET /v1/models/{model_id}``: the card, or a 404 naming the model."""
+        self._check_model(model_id)
+        return self.model_card()
+
+    @_api_errors
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        """vLLM's ``POST /tokenize``: ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+        self._check_model(body.model)
+        body.check()
+        if body.prompt is not None:
+            ids = await asyncio.to_thread(self._tokenizer("a text prompt").encode, body.prompt)
+        else:
+            assert body.messages is not None
+            ids = await self._render(
+                body.messages, body.add_generation_prompt, body.continue_final_message
+            )
+        strs = [self._token_text(False)(t) for t in ids] if body.return_token_strs else None
+        return {
+            "count": len(ids),
+            "max_model_len": self.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }
+
+    @_api_errors
+    async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
+        """vLLM's ``POST /detokenize``: ``{"prompt"}``, the text of ``tokens``."""
+        self._check_model(body.model)
+        self._check_ids(body.tokens, "tokens")
+        decode = self._tokenizer("detokenizing").decode
+        return {"prompt": await asyncio.to_thread(decode, body.tokens)}
+
+    # ------------------------------------------------------------ generation
     @_api_errors
     async def completions(
         self, body: CompletionRequest, request: Request | None = None
     ) -> Response:
+        received = time.perf_counter()
         self._check_model(body.model)
-        if isinstance(body.prompt, str):
+        body.check()
+        texts = [p for p in body.prompts() if isinstance(p, str)]
+        if texts:
             # on a worker thread: a long prompt must not stall every client (tokenizers in
             # Rust let go of the GIL)
             encode = self._tokenizer("a text prompt").encode
-            prompt_ids = await asyncio.to_thread(encode, body.prompt)
-            if not prompt_ids:
-                raise ApiError(400, "prompt encodes to no tokens", param="prompt")
-        else:
-            prompt_ids = list(body.prompt)
-        job = await self._start(
-            body, prompt_ids, "prompt", body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
-        )
-        return await self._answer(job, body.stream, request)
+            encoded = iter(await asyncio.to_thread(lambda: [encode(t) for t in texts]))
+        prompts = []
+        for p in body.prompts():
+            if isinstance(p, str):
+                prompts.append(Prompt(next(encoded), p))
+                if not prompts[-1].ids:
+                    raise ApiError(400, "prompt encodes to no tokens", param="prompt")
+            else:
+                prompts.append(Prompt(list(p)))
+        reply = await self._start(body, prompts, "prompt", DEFAULT_COMPLETION_MAX_TOKENS, received)
+        return await self._answer(reply, body.stream, request)
 
     @_api_errors
     async def chat(self, body: ChatCompletionRequest, request: Request | None = None) -> Response:
+        received = time.perf_counter()
         self._check_model(body.model)
-        tokenizer = self._tokenizer("chat")
-        messages = [m.as_template_input() for m in body.messages]
-        render = functools.partial(tokenizer.apply_chat_template, add_generation_prompt=True)
-        try:
-            prompt_ids = list(await asyncio.to_thread(render, messages))  # as a text prompt
-        except Exception as exc:  # noqa: BLE001 - jinja raises its own errors
-            message = f"cannot render the chat template: {exc}"
-            raise ApiError(400, message, param="messages") from None
-        job = await self._start(
-            body, prompt_ids, "messages", body.requested_max_tokens, DEFAULT_CHAT_MAX_TOKENS
+        body.check()
+        ids = await self._render(
+            body.messages, body.add_generation_prompt, body.continue_final_message
         )
-        return await self._answer(job, body.stream, request)
+        reply = await self._start(
+            body, [Prompt(ids)], "messages", DEFAULT_CHAT_MAX_TOKENS, received
+        )
+        return await self._answer(reply, body.stream, request)
 
     # ---------------------------------------------------------- the request
     def _check_model(self, model: str | None) -> None:
@@ -214,46 +274,109 @@ class OpenAIHandlers:
             raise ApiError(400, f"this server has no tokenizer, so {what} cannot be served")
         return self.client.tokenizer
 
-    def _params(
-        self,
-        body: Body,
-        prompt_ids: Sequence[int],
-        prompt_param: str,
-        max_tokens: int | None,
-        default_max_tokens: int,
-    ) -> tuple[SamplingParams, bool]:
-        """The request's sampling parameters and whether to cap them to the pool (400s for
-        what the client can check: the vocabulary, the pool, the parameters themselves)."""
-        client = self.client
-        vocab = client.vocab_size
-        if vocab is not None and (top := max(prompt_ids)) >= vocab:
+    def _check_ids(self, ids: Sequence[int], param: str) -> None:
+        vocab = self.client.vocab_size
+        if vocab is not None and ids and (top := max(ids)) >= vocab:
             raise ApiError(
                 400,
-                f"{prompt_param} holds token id {top}, outside the vocabulary (size {vocab})",
-                param=prompt_param,
+                f"{param} holds token id {top}, outside the vocabulary (size {vocab})",
+                param=param,
             )
-        room = client.max_new_tokens(len(prompt_ids))
+
+    async def _render(
+        self, messages: Sequence[Any], add_generation_prompt: bool, continue_final: bool
+    ) -> list[int]:
+        """The chat prompt's ids (on a worker thread); 400 naming ``messages`` if the
+        template fails."""
+        tokenizer = self._tokenizer("chat")
+        inputs = [m.as_template_input() for m in messages]
+        render = functools.partial(
+            render_chat,
+            tokenizer,
+            inputs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final,
+        )
+        try:
+            return list(await asyncio.to_thread(render))
+        except Exception as exc:  # noqa: BLE001 - jinja raises its own errors
+            message = f"cannot render the chat template: {exc}"
+            raise ApiError(400, message, param="messages") from None
+
+    def _token_text(self, as_ids: bool) -> Callable[[int], str]:
+        """A token's text as logprobs show it: its id decoded alone, or ``token_id:N``."""
+        if as_ids:
+            return lambda t: f"token_id:{t}"
+        tokenizer = self.client.tokenizer
+        if tokenizer is None:
+            return lambda t: ""
+        return lambda t: tokenizer.decode([t])
+
+    def _truncate(self, body: Body, prompt: Prompt) -> Prompt:
+        """vLLM's ``truncate_prompt_tokens``: keep the prompt's last k tokens (-1: as many as
+        the model takes)."""
+        k = body.truncate_prompt_tokens
+        if k is None:
+            return prompt
+        if k == -1:
+            k = self.max_model_len or len(prompt.ids)
+        return prompt if len(prompt.ids) <= k else Prompt(prompt.ids[-k:])
+
+    def _room(self, prompt_len: int, prompt_param: str) -> tuple[int | None, str]:
+        """The most new tokens a prompt leaves room for (None: the engine knows), and where:
+        the KV pool or the model's context, whichever holds fewer; 400 if not one."""
+        room = self.client.max_new_tokens(prompt_len)
         if room == 0:
             raise ApiError(
                 400,
-                f"the prompt is {len(prompt_ids)} tokens; the KV pool holds at most "
-                f"{client.max_model_len} tokens",
+                f"the prompt is {prompt_len} tokens; the KV pool holds at most "
+                f"{self.client.max_model_len} tokens",
                 param=prompt_param,
                 code="context_length_exceeded",
             )
+        if self.context_len is not None and (room is None or self.context_len - prompt_len < room):
+            if prompt_len >= self.context_len:
+                raise ApiError(
+                    400,
+                    f"the prompt is {prompt_len} tokens; the model's context length is "
+                    f"{self.context_len}",
+                    param=prompt_param,
+                    code="context_length_exceeded",
+                )
+            return self.context_len - prompt_len, f"the model's context of {self.context_len}"
+        return room, "the KV pool"
+
+    def _params(
+        self, body: Body, prompt: Prompt, prompt_param: str, default_max_tokens: int
+    ) -> tuple[SamplingParams, bool, bool]:
+        """The prompt's sampling parameters, whether to cap them to the pool, and whether
+        to keep the output (an echo with ``max_tokens`` 0 keeps none). 400s for what the
+        client can check: the vocabulary, the pool and context, the parameters."""
+        vocab = self.client.vocab_size
+        self._check_ids(prompt.ids, prompt_param)
+        room, where = self._room(len(prompt.ids), prompt_param)
+        max_tokens = body.requested_max_tokens
+        keep = max_tokens != 0
+        if not keep:
+            max_tokens = 1  # an echo: one token, dropped, to score the prompt
         cap = max_tokens is None and room is None  # the engine knows its room
         if max_tokens is None:
             max_tokens = default_max_tokens if room is None else min(default_max_tokens, room)
         elif room is not None and max_tokens > room:
             raise ApiError(
                 400,
-                f"max_tokens is {max_tokens} but a prompt of {len(prompt_ids)} tokens leaves "
-                f"room for {room} in the KV pool",
+                f"max_tokens is {max_tokens} but a prompt of {len(prompt.ids)} tokens leaves "
+                f"room for {room} in {where}",
                 param="max_tokens",
                 code="context_length_exceeded",
             )
         stop_ids = body.stop_ids()
-        for param, ids in (("stop", body.stop_ids(only="stop")), ("stop_token_ids", stop_ids)):
+        checks = (
+            ("stop", body.stop_ids(only="stop")),
+            ("stop_token_ids", stop_ids),
+            ("logit_bias", [t for t, _ in body.logit_bias_pairs()]),
+        )
+        for param, ids in checks:
             bad = [t for t in ids if vocab is not None and t >= vocab]
             if bad:
                 raise ApiError(
@@ -261,116 +384,190 @@ class OpenAIHandlers:
                     f"{param} holds token ids {bad}, outside the vocabulary (size {vocab})",
                     param=param,
                 )
-        if not body.ignore_eos and client.tokenizer is not None:
-            stop_ids += [t for t in client.tokenizer.stop_token_ids if t not in stop_ids]
+        if not body.ignore_eos and self.client.tokenizer is not None:
+            stop_ids += [t for t in self.client.tokenizer.stop_token_ids if t not in stop_ids]
+        top = body.num_top_logprobs
+        echoed = top if body.echoes_prompt else None
+        asks = [k for k in (body.prompt_logprobs, echoed) if k is not None]
         try:
             params = SamplingParams(
                 max_new_tokens=max_tokens,
                 temperature=body.temperature if body.temperature >= SAMPLING_EPS else 0.0,
                 top_p=body.top_p,
+                top_k=max(body.top_k, 0),
+                min_p=body.min_p,
+                repetition_penalty=body.repetition_penalty,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                logit_bias=body.logit_bias_pairs(),
+                min_tokens=body.min_tokens if keep else 0,
                 seed=body.seed,
                 stop_token_ids=tuple(stop_ids),
+                top_logprobs=top or 0,
+                prompt_logprobs=max(asks) if asks else None,
             )
-        except (TypeError, ValueError) as exc:
-            raise ApiError(400, str(exc)) from None
-        return params, cap
+        except (TypeError, ValueError) as exc:  # its messages start with the field's name
+            field = str(exc).split(" ", 1)[0]
+            raise ApiError(
+                400, str(exc), param=field if field in type(body).model_fields else None
+            ) from None
+        return params, cap, keep
 
     async def _start(
         self,
         body: Body,
-        prompt_ids: list[int],
+        prompts: list[Prompt],
         prompt_param: str,
-        max_tokens: int | None,
         default_max_tokens: int,
-    ) -> _Job:
-        """Check the request, then start it (400s first)."""
-        params, cap = self._params(body, prompt_ids, prompt_param, max_tokens, default_max_tokens)
+        received: float,
+    ) -> _Reply:
+        """Check every prompt, then start every choice (400s before any starts)."""
+        prompts = [self._truncate(body, p) for p in prompts]
+        plans = [self._params(body, p, prompt_param, default_max_tokens) for p in prompts]
         namespace = namespace_of(body.cache_salt, body.user)
-        call = await self.client.generate(prompt_ids, params, namespace, cap_to_pool=cap)
         tokenizer = self.client.tokenizer
         decode = tokenizer.decode if tokenizer is not None else lambda ids: ""
         chat = isinstance(body, ChatCompletionRequest)
-        return _Job(
-            rid=new_id("chatcmpl" if chat else "cmpl"),
+        spec = ReplySpec(
             chat=chat,
-            call=call,
-            text=TextStream(decode, body.stop_strings(), params.stop_token_ids),
-            prompt_len=len(prompt_ids),
+            echo=body.echoes_prompt,
+            top_logprobs=body.num_top_logprobs,
+            prompt_logprobs=body.prompt_logprobs,
             token_ids=body.return_token_ids,
-            include_usage=body.include_usage,
+            token_text=self._token_text(body.return_tokens_as_token_ids),
+            decode=decode,
         )
+        starts: list[tuple[Prompt, int, SamplingParams, bool, bool]] = []
+        for pi, (prompt, (params, cap, keep)) in enumerate(zip(prompts, plans, strict=True)):
+            for fork in range(body.n):
+                seed = fork_seed(params.seed, fork)
+                forked = params if seed == params.seed else dataclasses.replace(params, seed=seed)
+                starts.append((prompt, pi, forked, cap, keep))
+        asked = body.requested_max_tokens
+        self.metrics.started(body.n, plans[0][0].max_new_tokens if asked is None else asked)
+        echo_only = spec.echo and spec.top_logprobs is None and body.prompt_logprobs is None
+
+        async def start(prompt: Prompt, params: SamplingParams, cap: bool, keep: bool) -> Any:
+            if echo_only and not keep:
+                return None  # the prompt is the whole reply: nothing to run
+            return await self.client.generate(prompt.ids, params, namespace, cap_to_pool=cap)
+
+        results = await asyncio.gather(
+            *(start(p, sp, cap, keep) for p, _, sp, cap, keep in starts), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            for r in results:
+                if r is not None and not isinstance(r, BaseException):
+                    await r.aclose()
+            raise failed[0]
+        choices = [
+            Choice(
+                index=k,
+                prompt_index=pi,
+                prompt=prompt,
+                spec=spec,
+                call=call,
+                text=TextStream(
+                    decode, body.stop_strings(), params.stop_token_ids, body.min_tokens
+                ),
+                keep_output=keep,
+            )
+            for k, ((prompt, pi, params, _, keep), call) in enumerate(
+                zip(starts, results, strict=True)
+            )
+        ]
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        return _Reply(rid, spec, prompts, choices, body.include_usage, received)
 
     # ---------------------------------------------------------- the answer
-    async def _answer(self, job: _Job, stream: bool, request: Request | None) -> Response:
+    async def _answer(self, reply: _Reply, stream: bool, request: Request | None) -> Response:
         if stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            events = self._events(job, request)
+            events = self._events(reply, request)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         try:
-            last, finish = None, None
-            async for out, _, reason in self._steps(job, request):
-                last, finish = out, reason
+            async for _ in self._outputs(reply, request):
+                pass
         except Exception as exc:  # noqa: BLE001 - OpenAI's error body, whatever failed
             raise as_api_error(exc) from None
-        assert last is not None  # a call yields at least its final output
-        build = chat_response if job.chat else completion_response
-        ids = last.output_ids if job.token_ids else None
-        return JSONResponse(
-            build(job.rid, self.model_name, job.text.text, finish, job.usage(last), ids)
-        )
+        obj = "chat.completion" if reply.spec.chat else "text_completion"
+        choices = [c.response() for c in reply.choices]
+        usage = usage_of(reply.choices, reply.prompts)
+        return JSONResponse(envelope(reply.rid, obj, self.model_name, choices, usage=usage))
 
-    async def _steps(
-        self, job: _Job, request: Request | None
-    ) -> AsyncIterator[tuple[RequestOutput, str, str | None]]:
-        """``(output, new text, finish reason or None)`` until the request ends (500 on an
-        engine error); a stop string ends it early."""
+    async def _outputs(
+        self, reply: _Reply, request: Request | None
+    ) -> AsyncIterator[tuple[Choice, RequestOutput | None, str, str | None]]:
+        """``(choice, output, new text, finish reason or None)`` for every choice's outputs
+        as they come, until all end (500 on an engine error). A client that disconnects
+        has every call aborted."""
         watcher = None
-        if request is not None:
-            watcher = asyncio.create_task(_abort_on_disconnect(job.call, request))
+        calls = [c.call for c in reply.choices if c.call is not None]
+        if request is not None and calls:
+            watcher = asyncio.create_task(_abort_on_disconnect(calls, request))
         try:
-            async for out in job.call:
-                delta = job.text.push(out.output_ids, out.finished)
-                if job.text.stopped:
-                    yield out, delta, "stop"
-                    return
-                if out.finish_reason == "error":
-                    raise ApiError(500, out.error or "the engine failed", type_="internal_error")
-                yield out, delta, out.finish_reason
+            steps = [self._steps(c, reply) for c in reply.choices]
+            async for k, (out, delta, finish) in merged(steps):
+                yield reply.choices[k], out, delta, finish
         finally:
             if watcher is not None:
                 watcher.cancel()
-            await job.call.aclose()
 
-    async def _events(self, job: _Job, request: Request | None) -> AsyncIterator[str]:
-        """The server-sent events of a streamed response, ending in ``[DONE]``."""
-        rid, model = job.rid, self.model_name
-        last = None
-        if job.chat:
-            yield _sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+    async def _steps(
+        self, choice: Choice, reply: _Reply
+    ) -> AsyncIterator[tuple[RequestOutput | None, str, str | None]]:
+        """One choice's ``(output, new text, finish reason)`` until it ends (500 on an engine
+        error); a stop string ends it early. Its call is closed at the end."""
+        call = choice.call
+        if call is None:
+            delta, finish = choice.step(None, time.perf_counter())
+            yield None, delta, finish
+            self.metrics.finished(choice, reply.received, time.perf_counter())
+            return
         try:
-            async for last, delta, finish in self._steps(job, request):
-                ids = last.new_token_ids if job.token_ids else None
-                if job.chat:
-                    if delta or ids:
-                        yield _sse(chat_chunk(rid, model, {"content": delta}, None, ids))
-                    if finish is not None:
-                        yield _sse(chat_chunk(rid, model, {}, finish))
-                elif delta or finish is not None or ids:
-                    yield _sse(completion_chunk(rid, model, delta, finish, ids))
-            if job.include_usage and last is not None:
-                obj = "chat.completion.chunk" if job.chat else "text_completion"
-                yield _sse(usage_chunk(rid, obj, model, job.usage(last)))
+            async for out in call:
+                delta, finish = choice.step(out, time.perf_counter())
+                if out.finish_reason == "error" and not choice.text.stopped:
+                    raise ApiError(500, out.error or "the engine failed", type_="internal_error")
+                yield out, delta, finish
+                if finish is not None:
+                    self.metrics.finished(choice, reply.received, time.perf_counter())
+                    return
+        finally:
+            await call.aclose()
+
+    async def _events(self, reply: _Reply, request: Request | None) -> AsyncIterator[str]:
+        """The server-sent events of a streamed response, ending in ``[DONE]``."""
+        rid, model, spec = reply.rid, self.model_name, reply.spec
+        obj = "chat.completion.chunk" if spec.chat else "text_completion"
+        if spec.chat:
+            for c in reply.choices:
+                role = {"role": "assistant", "content": ""}
+                yield _sse(envelope(rid, obj, model, [_role_choice(c.index, role)]))
+        try:
+            async for choice, out, delta, finish in self._outputs(reply, request):
+                for piece in choice.chunks(out, delta, finish):
+                    yield _sse(envelope(rid, obj, model, [piece]))
+            if reply.include_usage:
+                usage = usage_of(reply.choices, reply.prompts)
+                yield _sse(envelope(rid, obj, model, [], usage=usage))
         except Exception as exc:  # noqa: BLE001 - headers are sent: report it in the stream
             yield _sse(as_api_error(exc).body)
         yield "data: [DONE]\n\n"
 
 
-async def _abort_on_disconnect(call: EngineCall, request: Request) -> None:
-    """Abort ``call`` when the client of ``request`` disconnects."""
+def _role_choice(index: int, delta: dict[str, str]) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+
+
+async def _abort_on_disconnect(calls: Sequence[EngineCall], request: Request) -> None:
+    """Abort every call of ``request`` when its client disconnects."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            await call.abort()
+            for call in calls:
+                await call.abort()
             return
 
 

@@ -1,107 +1,332 @@
-"""``GET /metrics``: :class:`~radixkv.serve.async_engine.EngineMetrics` as Prometheus text.
+"""``GET /metrics``: the engine's gauges and counters and the requests' histograms, in
+Prometheus text (exposition format 0.0.4), written by ``prometheus_client``.
 
-The exposition format 0.0.4 (``text/plain; version=0.0.4``), written by hand: one
-``# HELP`` and ``# TYPE`` line per metric, one sample labelled ``model_name``. The
-names are vLLM's with the ``radixkv:`` prefix, so dashboards built for vLLM read a
-radixkv server after a rename of the prefix:
+Every sample is labelled ``model_name`` (and ``replica`` in a fleet). Names are vLLM's
+under a prefix, ``radixkv:`` by default; ``prefix="vllm"`` (``radixkv serve
+--metrics-prefix vllm``) emits vLLM's own names, so dashboards and alerts built for
+vLLM read a radixkv server unchanged. With prefix ``p``:
 
-=====================================  =========  ==========================================
-name                                   type       meaning
-=====================================  =========  ==========================================
-``radixkv:num_requests_running``       gauge      requests in the running batch
-``radixkv:num_requests_waiting``       gauge      requests queued for admission
-``radixkv:kv_cache_usage_perc``        gauge      fraction of KV blocks requests hold (0..1)
-``radixkv:prefix_cache_queries_total`` counter    prompt tokens looked up in the prefix cache
-``radixkv:prefix_cache_hits_total``    counter    prompt tokens found there
-``radixkv:num_preemptions_total``      counter    requests preempted (recomputed later)
-``radixkv:request_finished_total``     counter    requests that ended, for any reason
-``radixkv:prompt_tokens_total``        counter    prompt tokens of requests that got a token
-``radixkv:generation_tokens_total``    counter    tokens generated
-``radixkv:failed_steps_total``         counter    engine steps that failed
-=====================================  =========  ==========================================
+==========================================  =========  =====================================
+name                                        type       meaning
+==========================================  =========  =====================================
+``p:num_requests_running``                  gauge      requests in the running batch
+``p:num_requests_waiting``                  gauge      requests queued for admission
+``p:kv_cache_usage_perc``                   gauge      fraction of KV blocks requests hold
+``p:prefix_cache_queries_total``            counter    prompt tokens looked up in the cache
+``p:prefix_cache_hits_total``               counter    prompt tokens found there
+``p:num_preemptions_total``                 counter    requests preempted
+``p:request_finished_total``                counter    requests that ended (radixkv's own)
+``p:prompt_tokens_total``                   counter    prompt tokens of requests that ran
+``p:generation_tokens_total``               counter    tokens generated
+``p:failed_steps_total``                    counter    engine steps that failed (radixkv's)
+``p:request_success_total``                 counter    choices ended, by ``finished_reason``
+``p:time_to_first_token_seconds``           histogram  request received to first token
+``p:inter_token_latency_seconds``           histogram  between a choice's tokens (engine)
+``p:time_per_output_token_seconds``         histogram  the same, vLLM's older name
+``p:request_time_per_output_token_seconds`` histogram  a choice's decode time per token
+``p:e2e_request_latency_seconds``           histogram  request received to choice ended
+``p:request_queue_time_seconds``            histogram  queued to first scheduled (engine)
+``p:request_inference_time_seconds``        histogram  first scheduled to last token
+``p:request_prefill_time_seconds``          histogram  first scheduled to first token
+``p:request_decode_time_seconds``           histogram  first token to last token
+``p:request_prompt_tokens``                 histogram  prompt tokens per choice
+``p:request_generation_tokens``             histogram  tokens generated per choice
+``p:request_params_n``                      histogram  ``n`` per request
+``p:request_params_max_tokens``             histogram  ``max_tokens`` per request
+``p:host_cache_*``                          counters   the host tier, where one exists
+==========================================  =========  =====================================
+
+The gauges and counters come from the engine thread's snapshot
+(:class:`~radixkv.serve.async_engine.EngineMetrics`) and the host tier's
+:class:`~radixkv.engine.engine.TierStats` at scrape time; the histograms and
+``request_success`` are recorded by the request handlers as each choice ends
+(:class:`RequestMetrics`), with the finish reason the client saw (a stop string is
+``stop``). Times from the engine (queue, prefill, decode, between tokens) are its
+``time.perf_counter`` stamps; time to first token and end to end are measured from
+when the server received the request, as vLLM measures them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from radixkv.serve.async_engine import EngineMetrics
 
-__all__ = ["CONTENT_TYPE", "METRICS", "render_fleet_metrics", "render_metrics"]
+if TYPE_CHECKING:
+    from radixkv.engine.engine import TierStats
+    from radixkv.serve.choices import Choice
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_PREFIX",
+    "METRICS",
+    "NO_REQUEST_METRICS",
+    "FINISH_REASONS",
+    "RequestMetrics",
+    "ServerMetrics",
+    "check_prefix",
+    "render_fleet_metrics",
+    "render_metrics",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_PREFIX = "radixkv"
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 # (name, type, EngineMetrics field, help)
 METRICS: tuple[tuple[str, str, str, str], ...] = (
-    ("radixkv:num_requests_running", "gauge", "running", "Requests in the running batch."),
-    ("radixkv:num_requests_waiting", "gauge", "waiting", "Requests waiting to be admitted."),
+    ("num_requests_running", "gauge", "running", "Requests in the running batch."),
+    ("num_requests_waiting", "gauge", "waiting", "Requests waiting to be admitted."),
     (
-        "radixkv:kv_cache_usage_perc",
+        "kv_cache_usage_perc",
         "gauge",
         "kv_usage",
         "Fraction of KV cache blocks held by requests (1 = full).",
     ),
     (
-        "radixkv:prefix_cache_queries_total",
+        "prefix_cache_queries",
         "counter",
         "prefix_cache_queries",
         "Prompt tokens looked up in the prefix cache.",
     ),
+    ("prefix_cache_hits", "counter", "prefix_cache_hits", "Prompt tokens found in the cache."),
+    ("num_preemptions", "counter", "preemptions", "Requests preempted."),
     (
-        "radixkv:prefix_cache_hits_total",
-        "counter",
-        "prefix_cache_hits",
-        "Prompt tokens found in the prefix cache.",
-    ),
-    ("radixkv:num_preemptions_total", "counter", "preemptions", "Requests preempted."),
-    (
-        "radixkv:request_finished_total",
+        "request_finished",
         "counter",
         "requests_finished",
         "Requests that ended (any finish reason).",
     ),
-    (
-        "radixkv:prompt_tokens_total",
-        "counter",
-        "prompt_tokens",
-        "Prompt tokens of requests that produced a token.",
-    ),
-    ("radixkv:generation_tokens_total", "counter", "generation_tokens", "Tokens generated."),
-    ("radixkv:failed_steps_total", "counter", "failed_steps", "Engine steps that failed."),
+    ("prompt_tokens", "counter", "prompt_tokens", "Prompt tokens of requests that ran."),
+    ("generation_tokens", "counter", "generation_tokens", "Tokens generated."),
+    ("failed_steps", "counter", "failed_steps", "Engine steps that failed."),
 )
 
+# (name, TierStats field, help): the host tier's counters
+TIER_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("host_cache_hit_tokens", "host_hit_tokens", "Prompt tokens found in the host tier."),
+    ("host_cache_loaded_tokens", "loaded_tokens", "Tokens loaded from host to device."),
+    ("host_cache_loaded_bytes", "loaded_bytes", "Bytes loaded from host to device."),
+    ("host_cache_backed_up_blocks", "backed_up_blocks", "Blocks copied device to host."),
+    ("host_cache_backed_up_bytes", "backed_up_bytes", "Bytes copied device to host."),
+    (
+        "host_cache_skipped_backup_blocks",
+        "skipped_backup_blocks",
+        "Blocks that left the device with no host copy (no host space).",
+    ),
+)
 
-def _label(value: str) -> str:
-    """``value`` escaped for a label (backslash, double quote, newline)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# vLLM's buckets
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+_PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
-def render_metrics(metrics: EngineMetrics, model_name: str) -> str:
-    """The exposition text of ``metrics``, every sample labelled ``model_name``.
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it can start a Prometheus metric name (letters, digits, ``_``; not a
+    digit first), else ``ValueError`` naming it."""
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise ValueError(
+            f"metrics prefix must be letters, digits and '_' (not a digit first), got {prefix!r}"
+        )
+    return prefix
+
+
+def tokens_buckets(max_len: int) -> list[float]:
+    """vLLM's 1-2-5 buckets up to ``max_len``: 1, 2, 5, 10, 20, 50, ..."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_len:
+                return out
+            out.append(float(m * scale))
+        scale *= 10
+
+
+class _NoRequestMetrics:
+    """Records nothing (a fleet's ingress, whose replicas report their own metrics)."""
+
+    def started(self, n: int, max_tokens: int) -> None:
+        pass
+
+    def finished(self, choice: Choice, received: float, now: float) -> None:
+        pass
+
+
+NO_REQUEST_METRICS: Any = _NoRequestMetrics()
+
+
+class RequestMetrics:
+    """The requests' histograms and ``request_success``, in ``registry``: the handlers call
+    :meth:`started` per request and :meth:`finished` per choice (see the module
+    docstring). Thread-safe (``prometheus_client``'s metrics are)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, model_name: str, prefix: str, max_model_len: int
+    ) -> None:
+        p = check_prefix(prefix)
+        label = ["model_name"]
+
+        def hist(name: str, doc: str, buckets: Any) -> Any:
+            return Histogram(f"{p}:{name}", doc, label, registry=registry, buckets=buckets).labels(
+                model_name
+            )
+
+        lengths = tokens_buckets(max_model_len)
+        self.ttft = hist("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
+        self.tpot_old = hist(
+            "time_per_output_token_seconds", "Inter-token latency (vLLM's older name).", ITL_BUCKETS
+        )
+        self.tpot = hist(
+            "request_time_per_output_token_seconds",
+            "Decode time per output token of a request.",
+            ITL_BUCKETS,
+        )
+        self.e2e = hist("e2e_request_latency_seconds", "End-to-end latency.", LATENCY_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Time queued.", LATENCY_BUCKETS)
+        self.inference = hist("request_inference_time_seconds", "Time running.", LATENCY_BUCKETS)
+        self.prefill = hist("request_prefill_time_seconds", "Time in prefill.", LATENCY_BUCKETS)
+        self.decode = hist("request_decode_time_seconds", "Time in decode.", LATENCY_BUCKETS)
+        self.prompt_len = hist("request_prompt_tokens", "Prompt tokens per request.", lengths)
+        self.output_len = hist(
+            "request_generation_tokens", "Generated tokens per request.", lengths
+        )
+        self.n = hist("request_params_n", "The n request parameter.", (1, 2, 5, 10, 20))
+        self.max_tokens = hist(
+            "request_params_max_tokens", "The max_tokens request parameter.", lengths
+        )
+        success = Counter(
+            f"{p}:request_success",
+            "Requests (choices) that ended, by finish reason.",
+            [*label, "finished_reason"],
+            registry=registry,
+        )
+        self.success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
+
+    def started(self, n: int, max_tokens: int) -> None:
+        """A request with ``n`` choices per prompt and ``max_tokens`` arrived."""
+        self.n.observe(n)
+        self.max_tokens.observe(max_tokens)
+
+    def finished(self, choice: Choice, received: float, now: float) -> None:
+        """``choice`` ended at ``now``; its request arrived at ``received`` (loop clock)."""
+        reason = choice.finish or "abort"
+        self.success.get(reason, self.success["abort"]).inc()
+        self.e2e.observe(now - received)
+        self.prompt_len.observe(len(choice.prompt.ids))
+        self.output_len.observe(len(choice.token_ids))
+        if choice.first_token_at is not None:
+            self.ttft.observe(choice.first_token_at - received)
+        times = choice.token_times
+        for a, b in zip(times, times[1:]):
+            self.itl.observe(b - a)
+            self.tpot_old.observe(b - a)
+        out = choice.last
+        if out is None or out.scheduled_time is None:
+            return
+        if out.arrival_time is not None:
+            self.queue.observe(out.scheduled_time - out.arrival_time)
+        if times:
+            self.prefill.observe(times[0] - out.scheduled_time)
+            self.decode.observe(times[-1] - times[0])
+            self.inference.observe(times[-1] - out.scheduled_time)
+            if len(times) > 1:
+                self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+
+
+class _EngineCollector:
+    """The engine snapshot's gauges and counters (and the host tier's), per ``key``
+    (None: one engine; else a replica id, as the ``replica`` label)."""
+
+    def __init__(self, model_name: str, prefix: str) -> None:
+        self.model_name = model_name
+        self.prefix = check_prefix(prefix)
+        self.samples: Mapping[str | None, EngineMetrics] = {}
+        self.tiers: TierStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        p, samples = self.prefix, self.samples
+        labels = ["model_name"] if None in samples else ["model_name", "replica"]
+
+        def values(key: str | None) -> list[str]:
+            return [self.model_name] if key is None else [self.model_name, key]
+
+        for name, kind, field, help_ in METRICS:
+            family: Any
+            if kind == "gauge":
+                family = GaugeMetricFamily(f"{p}:{name}", help_, labels=labels)
+            else:
+                family = CounterMetricFamily(f"{p}:{name}", help_, labels=labels)
+            for key, m in samples.items():
+                family.add_metric(values(key), float(getattr(m, field)))
+            yield family
+        if self.tiers is not None:
+            for name, field, help_ in TIER_METRICS:
+                family = CounterMetricFamily(f"{p}:{name}", help_, labels=["model_name"])
+                family.add_metric([self.model_name], float(getattr(self.tiers, field)))
+                yield family
+            gauge = GaugeMetricFamily(
+                f"{p}:host_cache_blocks", "Blocks the host tier holds.", labels=["model_name"]
+            )
+            gauge.add_metric([self.model_name], float(self.tiers.host_blocks))
+            yield gauge
+
+
+class ServerMetrics:
+    """A server's ``/metrics``: the engine collector and :class:`RequestMetrics` in one
+    registry of its own (several servers in one process do not share metrics)."""
+
+    def __init__(self, model_name: str, prefix: str = DEFAULT_PREFIX, max_model_len: int = 1):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._engine = _EngineCollector(model_name, prefix)
+        self.registry.register(self._engine)  # type: ignore[arg-type]
+        self.requests = RequestMetrics(self.registry, model_name, prefix, max_model_len)
+
+    def render(self, metrics: EngineMetrics, tiers: TierStats | None = None) -> str:
+        """The exposition text, with the engine snapshot ``metrics`` (and ``tiers``)."""
+        self._engine.samples, self._engine.tiers = {None: metrics}, tiers
+        return generate_latest(self.registry).decode()
+
+
+def _render(samples: Mapping[str | None, EngineMetrics], model_name: str, prefix: str) -> str:
+    collector = _EngineCollector(model_name, prefix)
+    collector.samples = samples
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    return generate_latest(registry).decode()
+
+
+def render_metrics(metrics: EngineMetrics, model_name: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The exposition text of one engine's snapshot, every sample labelled ``model_name``.
 
     Complexity: O(number of metrics).
     """
-    return _render({None: metrics}, model_name)
+    return _render({None: metrics}, model_name, prefix)
 
 
-def render_fleet_metrics(replicas: Mapping[str, EngineMetrics], model_name: str) -> str:
+def render_fleet_metrics(
+    replicas: Mapping[str, EngineMetrics], model_name: str, prefix: str = DEFAULT_PREFIX
+) -> str:
     """The exposition text of a fleet: one sample per replica of every metric, labelled
     ``model_name`` and ``replica`` (sum over ``replica`` for the fleet's totals).
 
     Complexity: O(number of metrics x replicas).
     """
-    return _render(replicas, model_name)
-
-
-def _render(samples: Mapping[str | None, EngineMetrics], model_name: str) -> str:
-    model = f'model_name="{_label(model_name)}"'
-    labels = {
-        key: f"{{{model}}}" if key is None else f'{{{model},replica="{_label(key)}"}}'
-        for key in samples
-    }
-    lines: list[str] = []
-    for name, kind, field, help_ in METRICS:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-        for key, metrics in samples.items():
-            lines.append(f"{name}{labels[key]} {float(getattr(metrics, field))!r}")
-    return "\n".join(lines) + "\n"
+    return _render(replicas, model_name, prefix)

@@ -42,10 +42,12 @@ __all__ = [
     "ChatTokenizer",
     "Tokenizer",
     "build_engine",
+    "context_length",
     "event_hasher",
     "load_hf_tokenizer",
     "load_model",
     "model_name",
+    "render_chat",
 ]
 
 
@@ -161,6 +163,55 @@ class ChatTokenizer:
             special_tokens_in_content=self.special_tokens_in_content,
         )
         return list(ids)
+
+
+def render_chat(
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> list[int]:
+    """The prompt ids of ``messages``: the chat template's rendering, ending with the
+    assistant's header when ``add_generation_prompt``, or, with ``continue_final_message``,
+    with the final message left open (the template's end of a message cut off) so the
+    reply continues it, as vLLM does.
+
+    The end of a message is found in ids, for any tokenizer: it is what two renderings
+    whose final messages differ (``"a"`` and ``"b"``) share at their ends. Complexity:
+    three renderings with ``continue_final_message``, one otherwise.
+    """
+    if not continue_final_message:
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt))
+    ids = list(tokenizer.apply_chat_template(messages, False))
+    ends = [
+        tokenizer.apply_chat_template([*messages[:-1], {**messages[-1], "content": c}], False)
+        for c in ("a", "b")
+    ]
+    shared = 0
+    for x, y in zip(reversed(ends[0]), reversed(ends[1])):
+        if x != y:
+            break
+        shared += 1
+    return ids[: len(ids) - shared]
+
+
+def context_length(spec: str) -> int | None:
+    """The context length of the model ``spec`` names, from its metadata: a Hugging Face
+    directory's ``max_position_embeddings`` (``config.json``), a GGUF file's
+    ``{architecture}.context_length``; None where nothing says (``"random"``, a file
+    without the key)."""
+    if spec == "random":
+        return None
+    path = smollm2_gguf_path() if spec == "smollm2" else Path(spec)
+    if path is None or not Path(path).exists():
+        return None
+    if Path(path).is_dir():
+        value = _read_json(Path(path) / "config.json").get("max_position_embeddings")
+    else:
+        reader = open_gguf(path)
+        value = reader.get(f"{reader.get('general.architecture')}.context_length")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 # The random model: SMALL_CONFIG's shape over ByteTokenizer's vocabulary.

@@ -1,13 +1,22 @@
-"""The OpenAI API's requests as pydantic models, and its responses as JSON-ready dicts.
+"""The OpenAI API's requests as pydantic models (responses: :mod:`~radixkv.serve.responses`).
 
-Requests are checked strictly: every field has its OpenAI type and JSON types are
-not coerced (``"max_tokens": "5"`` and ``"stream": 1`` are errors); an optional field
-set to ``null`` takes its default, as OpenAI's nullable fields do. Fields
-OpenAI defines that radixkv does not implement (``logprobs``, ``n`` > 1, penalties,
-``logit_bias``, tools) are type-checked too and refused unless left at their
-neutral value, never silently ignored. Fields outside the API are ignored, as
-vLLM does. vLLM's extensions are accepted: ``stop_token_ids``, ``ignore_eos``,
-``cache_salt`` and ``return_token_ids``.
+Requests are checked strictly: every field has its OpenAI (or vLLM) type and JSON types
+are not coerced (``"max_tokens": "5"`` and ``"stream": 1`` are errors); an optional
+field set to ``null`` takes its default, as OpenAI's nullable fields do. Fields outside
+the API are ignored, as vLLM does; fields OpenAI or vLLM define that radixkv does not
+implement (``tools``, ``response_format`` other than text, beam search, guided
+decoding, ...: :data:`NOT_IMPLEMENTED`) are accepted only at their neutral value and
+otherwise refused with a message naming the field, never silently ignored.
+
+Implemented: ``prompt`` as a string, a list of strings, a list of token ids or a list
+of token-id lists; ``n`` choices per prompt (``best_of`` 1 or ``n``); sampling
+(``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``), penalties
+(``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``), ``logit_bias``,
+``min_tokens``, stops (``stop``, vLLM's ``stop_token_ids`` and ``ignore_eos``),
+logprobs (completions ``logprobs`` 0-20 and ``echo``; chat ``logprobs`` and
+``top_logprobs``; vLLM's ``prompt_logprobs``), vLLM's ``cache_salt``,
+``return_token_ids``, ``return_tokens_as_token_ids`` and ``truncate_prompt_tokens``,
+and chat's ``add_generation_prompt`` and ``continue_final_message``.
 
 Every string must be valid Unicode, encodable as UTF-8: JSON's ``"\\ud800"`` escape
 (a lone surrogate) is legal JSON but no text, so a field holding one is a 400
@@ -15,26 +24,25 @@ naming it; ``user`` and ``cache_salt`` become cache namespaces, so nothing
 unencodable reaches the cache. ``stop`` holds at most :data:`MAX_STOP` entries, each
 string at most :data:`MAX_STOP_LEN` characters (OpenAI allows 4 stop sequences).
 :func:`decode_json` is the body's JSON: UTF-8 only, whatever the ``Content-Type``.
-
-Responses follow OpenAI's shapes (``text_completion``, ``chat.completion`` and their
-``.chunk`` stream forms); ``usage.prompt_tokens_details.cached_tokens`` is the prompt
-prefix the radix cache held.
+Rules that join two fields (``best_of`` and ``n``, ``min_tokens`` and ``max_tokens``)
+are checked by each request's ``check()``, which raises :class:`FieldError`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
-import time
 import uuid
 from collections.abc import Hashable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -43,19 +51,19 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "DetokenizeRequest",
+    "FieldError",
+    "MAX_CHOICES",
+    "MAX_LOGPROBS",
+    "MAX_N",
     "MAX_STOP",
     "MAX_STOP_LEN",
+    "NOT_IMPLEMENTED",
     "StreamOptions",
-    "chat_chunk",
-    "chat_response",
-    "completion_chunk",
-    "completion_response",
+    "TokenizeRequest",
     "decode_json",
-    "error_body",
     "namespace_of",
     "new_id",
-    "usage",
-    "usage_chunk",
     "utf8_problem",
 ]
 
@@ -65,6 +73,22 @@ MAX_STOP = 16
 """Most entries (strings and token ids) of ``stop``: OpenAI allows 4 stop sequences."""
 MAX_STOP_LEN = 256
 """Most characters of one stop string."""
+MAX_N = 128
+"""Most choices per prompt (OpenAI's limit for ``n``)."""
+MAX_CHOICES = 1024
+"""Most choices one request may ask for: prompts x ``n``."""
+MAX_LOGPROBS = 20
+"""Most alternatives per token (completions ``logprobs``, chat ``top_logprobs``): vLLM's."""
+MAX_LOGIT_BIAS = 100.0
+"""``logit_bias`` values lie in [-100, 100], as OpenAI's."""
+
+
+class FieldError(ValueError):
+    """A request that breaks a rule joining fields: ``param`` names the field to blame."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def utf8_problem(text: str) -> str | None:
@@ -123,6 +147,82 @@ def decode_json(raw: bytes) -> Any:
         ) from None
 
 
+def brief(value: object, limit: int = 200) -> str:
+    """``value`` as JSON, cut to ``limit`` characters (its type alone if it will not encode)."""
+    if isinstance(value, (str, list)) and len(value) > limit:
+        value = value[:limit]  # a huge prompt is not dumped whole to show its head
+    try:
+        text = json.dumps(value, default=repr)
+    except (ValueError, RecursionError):
+        text = type(value).__name__
+    return text[:limit]
+
+
+# Fields OpenAI or vLLM define that radixkv does not implement: the neutral values each
+# may take (anything else is a 400 naming the field).
+_COMMON_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (False,),
+    "length_penalty": (1.0,),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+    "response_format": ({"type": "text"},),
+    "structured_outputs": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "guided_decoding_backend": (),
+    "guided_whitespace_pattern": (),
+    "logits_processors": ([],),
+    "priority": (0,),
+    "kv_transfer_params": (),
+    "vllm_xargs": (),
+    "mm_processor_kwargs": ({},),
+}
+_COMPLETION_NOT_IMPLEMENTED = {
+    **_COMMON_NOT_IMPLEMENTED,
+    "suffix": ("",),
+    "add_special_tokens": (True,),
+    "prompt_embeds": (),
+}
+_CHAT_NOT_IMPLEMENTED = {
+    **_COMMON_NOT_IMPLEMENTED,
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "documents": ([],),
+    "echo": (False,),
+    "add_special_tokens": (False,),
+    "reasoning_effort": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "web_search_options": (),
+    "store": (False,),
+    "service_tier": ("auto", "default"),
+}
+NOT_IMPLEMENTED: dict[str, dict[str, tuple[Any, ...]]] = {
+    "/v1/completions": _COMPLETION_NOT_IMPLEMENTED,
+    "/v1/chat/completions": _CHAT_NOT_IMPLEMENTED,
+}
+"""Per endpoint, the fields refused unless left out (or null) or sent at a neutral value."""
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` equals ``neutral`` with JSON's types (``true`` is not ``1``; ``1`` is ``1.0``)."""
+    if isinstance(neutral, bool) or isinstance(value, bool):
+        return value is neutral
+    if isinstance(neutral, float):
+        return isinstance(value, (int, float)) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -143,29 +243,82 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _not_continuous(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("not supported by this server (leave it out or send false), got true")
+        return v
 
 
 class _Sampling(_Strict):
-    """The fields both endpoints share."""
+    """The fields both generation endpoints share."""
+
+    NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    ZERO_HINT: ClassVar[str] = ""
 
     model: Text | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    n: int = Field(1, ge=1, le=MAX_N)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = Field(0, ge=0)
     stop: Text | list[Text | int] | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
     cache_salt: Text | None = Field(None, min_length=1)
-    ignore_eos: bool = False
     return_token_ids: bool = False
-    # OpenAI fields radixkv does not implement: typed, and refused unless neutral.
-    n: int = 1
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    # vLLM and OpenAI fields radixkv does not implement: refused unless neutral (NEUTRAL)
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    spaces_between_special_tokens: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    logits_processors: Any = None
+    priority: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
+    mm_processor_kwargs: Any = None
+    add_special_tokens: Any = None
+
+    @field_validator("*")
+    @classmethod
+    def _neutral(cls, v: Any, info: ValidationInfo) -> Any:
+        """A field radixkv does not implement must be at a neutral value."""
+        name = info.field_name
+        if name is None or name not in cls.NEUTRAL:
+            return v
+        neutral = cls.NEUTRAL[name]
+        if any(_same(v, n) for n in neutral):
+            return v
+        allowed = " or ".join(f"send {brief(n)}" for n in neutral)
+        how = f"leave it out or {allowed}" if allowed else "leave it out"
+        raise ValueError(f"not supported by this server ({how}), got {brief(v)}")
 
     @field_validator("stop")
     @classmethod
@@ -190,25 +343,17 @@ class _Sampling(_Strict):
                 raise ValueError(f"token ids must be >= 0, got {t}")
         return v
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"only n=1 is supported, got {v}")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float) -> float:
-        if v != 0.0:
-            raise ValueError(f"penalties are not supported; leave it at 0, got {v}")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported")
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"keys must be token ids written as strings, got {brief(key)}")
+            if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise ValueError(
+                    f"biases lie in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                    f"got {bias!r} for token {key}"
+                )
         return v
 
     def stop_strings(self) -> list[str]:
@@ -225,44 +370,118 @@ class _Sampling(_Strict):
             ids += self.stop_token_ids or []
         return list(dict.fromkeys(ids))
 
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as ``(token id, bias)`` pairs."""
+        return tuple((int(k), float(b)) for k, b in (self.logit_bias or {}).items())
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        """Alternatives per generated token to report, or None for no logprobs."""
+        return None
+
+    def check(self) -> None:
+        """The rules that join fields; :class:`FieldError` naming the field to blame."""
+        max_tokens = self.requested_max_tokens
+        if max_tokens == 0 and not self.echoes_prompt:
+            raise FieldError("max_tokens", f"max_tokens must be at least 1, got 0{self.ZERO_HINT}")
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise FieldError(
+                "min_tokens",
+                f"min_tokens must be at most max_tokens ({max_tokens}), got {self.min_tokens}",
+            )
+
+    @property
+    def echoes_prompt(self) -> bool:
+        """Whether the reply starts with the prompt (completions' ``echo``)."""
+        return False
+
+
+def _token_ids(value: list[Any], where: str) -> list[int]:
+    """``value`` as a non-empty list of token ids, or ``ValueError`` saying what is wrong."""
+    if not value:
+        raise ValueError(f"{where} must hold at least one token")
+    for k, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise ValueError(f"{where}[{k}] must be a token id (an int), got {brief(t)}")
+        if t < 0:
+            raise ValueError(f"token ids must be >= 0, got {t} at {where}[{k}]")
+    return value
+
 
 class CompletionRequest(_Sampling):
-    """``POST /v1/completions``: ``prompt`` is text or a list of token ids (one prompt)."""
+    """``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of token
+    ids or a list of token-id lists; each prompt gets ``n`` choices."""
 
-    prompt: Text | list[int]
+    NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = _COMPLETION_NOT_IMPLEMENTED
+    ZERO_HINT: ClassVar[str] = " (0 is allowed only with echo)"
+
+    prompt: Any
     echo: bool = False
-    logprobs: int | None = None
-    suffix: Text | None = None
-    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(None, ge=1)
+    suffix: Any = None
+    prompt_embeds: Any = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _prompt_ids(cls, v: str | list[int]) -> str | list[int]:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("a token-id prompt must hold at least one token")
-            for t in v:
-                if t < 0:
-                    raise ValueError(f"token ids must be >= 0, got {t}")
-        return v
+    def _prompt_forms(cls, v: Any) -> Any:
+        wrong = (
+            "must be a string, a list of strings, a list of token ids or a list of "
+            f"token-id lists, got {brief(v, 100)}"
+        )
+        if isinstance(v, str):
+            return _utf8(v)
+        if not isinstance(v, list):
+            raise ValueError(wrong)
+        if not v:
+            raise ValueError("must hold at least one prompt, got []")
+        if all(isinstance(p, str) for p in v):
+            for k, p in enumerate(v):
+                if (problem := utf8_problem(p)) is not None:
+                    raise ValueError(f"prompt[{k}]: {problem}")
+            return v
+        if all(isinstance(p, list) for p in v):
+            return [_token_ids(p, f"prompt[{k}]") for k, p in enumerate(v)]
+        if any(isinstance(p, (str, list)) for p in v):
+            raise ValueError(wrong)
+        return _token_ids(v, "prompt")
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported")
-        return v
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
 
-    @field_validator("logprobs", "best_of", "suffix")
-    @classmethod
-    def _unsupported(cls, v: object) -> object:
-        if v is not None:
-            raise ValueError("not supported; leave it out")
-        return v
+    @property
+    def num_top_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def echoes_prompt(self) -> bool:
+        return self.echo
+
+    def check(self) -> None:
+        super().check()
+        if self.best_of is not None and self.best_of not in (1, self.n):
+            raise FieldError(
+                "best_of", f"best_of must be 1 or equal to n ({self.n}), got {self.best_of}"
+            )
+        num = len(self.prompts()) * self.n
+        if num > MAX_CHOICES:
+            raise FieldError(
+                "n" if self.n > 1 else "prompt",
+                f"{len(self.prompts())} prompts x n {self.n} is {num} choices; "
+                f"a request may ask for at most {MAX_CHOICES}",
+            )
 
 
 class _TextPart(_Strict):
@@ -290,38 +509,108 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template.
 
     ``max_completion_tokens`` (OpenAI's newer name) wins over ``max_tokens``.
+    ``add_generation_prompt`` (default true) ends the prompt with the assistant's header;
+    ``continue_final_message`` instead leaves the final message open, so the reply
+    continues it (the two exclude each other, as in vLLM).
     """
+
+    NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = _CHAT_NOT_IMPLEMENTED
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError("logprobs are not supported; leave it out")
-        return v
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
-        if v:
-            raise ValueError("tools are not supported")
-        return v
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    documents: Any = None
+    echo: Any = None
+    reasoning_effort: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    store: Any = None
+    service_tier: Any = None
 
     @property
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise FieldError(
+                "top_logprobs", f"top_logprobs needs logprobs: true, got {self.top_logprobs}"
+            )
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError(
+                "continue_final_message",
+                "continue_final_message needs add_generation_prompt: false "
+                "(the reply cannot both continue the final message and open a new one)",
+            )
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's): ``prompt`` text, or chat ``messages`` rendered with the
+    chat template (``add_generation_prompt``, ``continue_final_message`` as in chat)."""
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+    def check(self) -> None:
+        """The rules that join fields; :class:`FieldError` naming the field to blame. The
+        tokenizer adds its special tokens to a text prompt, and the chat template its own
+        to messages: ``add_special_tokens`` may only say so (vLLM's defaults)."""
+        if (self.prompt is None) == (self.messages is None):
+            raise FieldError("prompt", "send either prompt or messages")
+        if self.messages is not None and not self.messages:
+            raise FieldError("messages", "messages must hold at least one message")
+        special = self.add_special_tokens
+        if special is not None and special != (self.prompt is not None):
+            what = "prompt" if self.prompt is not None else "messages"
+            raise FieldError(
+                "add_special_tokens",
+                f"add_special_tokens: not supported by this server for {what} (leave it out), "
+                f"got {str(special).lower()}",
+            )
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError(
+                "continue_final_message",
+                "continue_final_message needs add_generation_prompt: false",
+            )
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` (vLLM's): ``tokens``, a list of token ids."""
+
+    model: Text | None = None
+    tokens: list[int]
+
+    @field_validator("tokens")
+    @classmethod
+    def _ids(cls, v: list[int]) -> list[int]:
+        for k, t in enumerate(v):
+            if t < 0:
+                raise ValueError(f"token ids must be >= 0, got {t} at tokens[{k}]")
+        return v
 
 
 def namespace_of(cache_salt: str | None, user: str | None) -> Hashable:
@@ -347,98 +636,3 @@ def namespace_of(cache_salt: str | None, user: str | None) -> Hashable:
 def new_id(prefix: str) -> str:
     """A fresh response id, e.g. ``cmpl-3f2a...``."""
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """OpenAI's ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def _choice(finish_reason: str | None, token_ids: list[int] | None, **fields: Any) -> dict:
-    choice: dict[str, Any] = {"index": 0, **fields, "logprobs": None}
-    choice["finish_reason"] = finish_reason
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
-
-
-def _envelope(rid: str, obj: str, model: str, choices: list[dict], **extra: Any) -> dict:
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        **extra,
-    }
-
-
-def completion_response(
-    rid: str,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    usage_: dict[str, Any],
-    token_ids: list[int] | None = None,
-) -> dict[str, Any]:
-    """A ``text_completion`` object with one choice (``token_ids`` when asked for)."""
-    choice = _choice(finish_reason, token_ids, text=text)
-    return _envelope(rid, "text_completion", model, [choice], usage=usage_)
-
-
-def completion_chunk(
-    rid: str,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    token_ids: list[int] | None = None,
-) -> dict[str, Any]:
-    """One streamed ``text_completion`` chunk."""
-    return _envelope(rid, "text_completion", model, [_choice(finish_reason, token_ids, text=text)])
-
-
-def chat_response(
-    rid: str,
-    model: str,
-    content: str,
-    finish_reason: str | None,
-    usage_: dict[str, Any],
-    token_ids: list[int] | None = None,
-) -> dict[str, Any]:
-    """A ``chat.completion`` object with one assistant message."""
-    message = {"role": "assistant", "content": content}
-    choice = _choice(finish_reason, token_ids, message=message)
-    return _envelope(rid, "chat.completion", model, [choice], usage=usage_)
-
-
-def chat_chunk(
-    rid: str,
-    model: str,
-    delta: dict[str, str],
-    finish_reason: str | None = None,
-    token_ids: list[int] | None = None,
-) -> dict[str, Any]:
-    """One ``chat.completion.chunk``."""
-    choice = _choice(finish_reason, token_ids, delta=delta)
-    return _envelope(rid, "chat.completion.chunk", model, [choice])
-
-
-def usage_chunk(rid: str, obj: str, model: str, usage_: dict[str, Any]) -> dict[str, Any]:
-    """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
-    return _envelope(rid, obj, model, [], usage=usage_)
-
-
-def error_body(
-    message: str,
-    *,
-    type_: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | int | None = None,
-) -> dict[str, Any]:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,17 +1,23 @@
 """What a consumer of :class:`~radixkv.serve.async_engine.AsyncEngine` sees: one stream per request.
 
 The engine thread posts a :class:`Delta` per request and step into the request's
-``asyncio.Queue``; :class:`RequestStream` turns them into :class:`RequestOutput` (the new
-tokens, all tokens so far, how it ended) and aborts the request when its consumer leaves.
+``asyncio.Queue``, with a :class:`TokenInfo` (the new tokens' logprobs and times) where
+the engine produced tokens; :class:`RequestStream` turns them into
+:class:`RequestOutput` (the new tokens and what is known of them, all tokens so far,
+how it ended) and aborts the request when its consumer leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Delta", "RequestOutput", "RequestStream"]
+from radixkv.engine.request import PromptLogprobs
+
+__all__ = ["Delta", "RequestOutput", "RequestStream", "TokenInfo"]
+
+TopLogprobs = list[tuple[int, float]]
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,13 @@ class RequestOutput:
     in the ids), ``"abort"`` or ``"error"`` (then ``error`` says why).
     ``cached_tokens`` is the prompt prefix found in the cache at admission (0
     before it).
+
+    What the engine knew of the new tokens: ``logprobs`` (the model's logprob of each),
+    ``top_logprobs`` (the likeliest alternatives at each position, where the request
+    asked; else empty lists) and ``token_times`` (when each was sampled, the engine's
+    ``time.perf_counter``); these three align with ``new_token_ids``. Once known and
+    from then on: ``prompt_logprobs`` (where asked), ``arrival_time`` (queued in the
+    engine) and ``scheduled_time`` (first scheduled), on the same clock.
     """
 
     request_id: int
@@ -35,17 +48,40 @@ class RequestOutput:
     prompt_tokens: int
     cached_tokens: int
     error: str | None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None
+    arrival_time: float | None = None
+    scheduled_time: float | None = None
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What the engine knew of a request's tokens sampled since its last :class:`Delta`:
+    their logprobs, their top alternatives (empty lists where not asked), when each was
+    sampled; and the request's prompt logprobs (where asked), arrival and first
+    scheduling times (``time.perf_counter``)."""
+
+    logprobs: list[float]
+    top_logprobs: list[TopLogprobs]
+    times: list[float]
+    prompt_logprobs: PromptLogprobs | None
+    arrival_time: float
+    scheduled_time: float | None
 
 
 @dataclass(frozen=True)
 class Delta:
-    """What the engine thread posts for one request after a step (or an abort)."""
+    """What the engine thread posts for one request after a step (or an abort); ``info``
+    describes ``new_token_ids`` where the engine sampled them."""
 
     new_token_ids: list[int]
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
     error: str | None
+    info: TokenInfo | None = None
 
 
 class RequestStream(AsyncIterator[RequestOutput]):
@@ -68,6 +104,8 @@ class RequestStream(AsyncIterator[RequestOutput]):
         self._abandon_request = abandon  # forgets the channel and aborts the request
         self._output_ids: list[int] = []
         self._done = False
+        self._prompt_logprobs: PromptLogprobs | None = None
+        self._times: tuple[float | None, float | None] = (None, None)  # arrival, scheduled
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -85,12 +123,21 @@ class RequestStream(AsyncIterator[RequestOutput]):
         while not self._channel.empty():
             items.append(self._channel.get_nowait())
         new: list[int] = []
+        logprobs: list[float] = []
+        tops: list[TopLogprobs] = []
+        times: list[float] = []
         last: Delta | None = None
         for item in items:
             if isinstance(item, BaseException):
                 self._done = True
                 raise item
             new += item.new_token_ids
+            if (info := item.info) is not None:
+                logprobs += info.logprobs
+                tops += info.top_logprobs
+                times += info.times
+                self._prompt_logprobs = info.prompt_logprobs or self._prompt_logprobs
+                self._times = (info.arrival_time, info.scheduled_time)
             last = item
         assert last is not None
         self._output_ids += new
@@ -104,6 +151,12 @@ class RequestStream(AsyncIterator[RequestOutput]):
             prompt_tokens=last.prompt_tokens,
             cached_tokens=last.cached_tokens,
             error=last.error,
+            logprobs=logprobs,
+            top_logprobs=tops,
+            token_times=times,
+            prompt_logprobs=self._prompt_logprobs,
+            arrival_time=self._times[0],
+            scheduled_time=self._times[1],
         )
 
     async def aclose(self) -> None:

@@ -111,7 +111,8 @@ class TextStream:
 
     ``decode`` maps token ids to text (special tokens left out); ``stop`` are the
     stop strings (empty ones are ignored); ``stop_token_ids`` the ids whose text is
-    dropped when one ends the output.
+    dropped when one ends the output. A stop string found before the output holds
+    ``min_tokens`` tokens does not end it (vLLM's rule: stops wait for ``min_tokens``).
 
     >>> ts = TextStream(lambda ids: bytes(ids).decode(errors="replace"), stop=["!"])
     >>> ts.push(list(b"hi"), finished=False), ts.push(list(b"hi! more"), finished=False)
@@ -125,8 +126,10 @@ class TextStream:
         decode: Callable[[Sequence[int]], str],
         stop: Sequence[str] = (),
         stop_token_ids: Sequence[int] = (),
+        min_tokens: int = 0,
     ) -> None:
         self._decode = decode
+        self._min_tokens = min_tokens
         stop = [s for s in stop if s]
         self._matcher = StopMatcher(stop) if stop else None
         self._stop_ids = frozenset(stop_token_ids)
@@ -158,6 +161,8 @@ class TextStream:
         matcher = self._matcher
         if matcher is not None:
             cut = matcher.feed(new) if new else None
+            if cut is not None and len(output_ids) < self._min_tokens:
+                cut = None  # too early: the stop string is text like any other
             if cut is not None:
                 end = cut
                 self.stopped = True

@@ -1,0 +1,339 @@
+"""The engine's sampler (issue 24, item 3): vLLM's sampling parameters, batched.
+
+Known answers on the engine's own logits: a recording sampler keeps every step's
+logits and each request's state before the pick, and a plain numpy reference applies
+logit_bias, min_tokens, the repetition / frequency / presence penalties, temperature,
+min_p, top-k and top-p to them; the engine's picks must be the reference's (greedy)
+or lie where the reference allows (sampled). Seeded requests repeat whatever runs
+beside them; requests using none of the new parameters pick exactly as before (the
+argmax of the raw logits; cache on == off); logprobs are the raw model's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import radixkv.engine.engine as engine_module
+from radixkv.engine import Engine, EngineConfig
+from radixkv.engine.request import Request, SamplingParams
+from radixkv.engine.sampler import Sampler
+from radixkv.model import ModelConfig, random_model
+
+torch.set_num_threads(1)
+
+CFG = ModelConfig(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+)
+PROMPTS = [list(range(5, 5 + n)) for n in (7, 13, 21)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(CFG, seed=3)
+
+
+class Recorder(Sampler):
+    """A sampler that keeps, per step, the logits and each sampling request's id, outputs
+    and prompt as they were before the pick, and the picks."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[np.ndarray, list, list]] = []
+
+    def sample(self, logits, reqs, generators):
+        before = [
+            None if r is None else (r.request_id, list(r.output_ids), r.prompt.tolist())
+            for r in reqs
+        ]
+        picks = super().sample(logits, reqs, generators)
+        self.steps.append((logits.double().cpu().numpy().copy(), before, picks))
+        return picks
+
+    def rows(self, request_id: int):
+        """``(logits row, outputs before, prompt, pick)`` of one request, step by step."""
+        for logits, before, picks in self.steps:
+            for k, b in enumerate(before):
+                if b is not None and b[0] == request_id:
+                    yield logits[k], b[1], b[2], picks[k]
+
+
+def engine_of(model, **kw) -> tuple[Engine, Recorder]:
+    kw.setdefault("num_blocks", 128)
+    kw.setdefault("block_size", 4)
+    engine = Engine(model, EngineConfig(**kw))
+    recorder = Recorder()
+    engine.sampler = recorder
+    return engine, recorder
+
+
+def adjusted(row: np.ndarray, params: SamplingParams, out: list[int], prompt: list[int]):
+    """vLLM's adjustments of one row, in numpy: bias, min_tokens, then the penalties."""
+    x = row.astype(np.float64).copy()
+    for t, b in params.logit_bias:
+        x[t] += b
+    if len(out) < params.min_tokens:
+        x[list(params.stop_token_ids)] = -np.inf
+    counts = np.bincount(np.asarray(out, dtype=np.int64), minlength=len(x)).astype(np.float64)
+    rep = params.repetition_penalty
+    if rep != 1.0:
+        hit = (counts > 0) | np.isin(np.arange(len(x)), prompt)
+        x = np.where(hit, np.where(x > 0, x / rep, x * rep), x)
+    return x - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
+
+
+def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The tokens sampling may pick from adjusted logits ``x``: min_p, top-k, top-p."""
+    z = (x - x.max()) / params.temperature
+    p = np.exp(z - np.log(np.exp(z).sum()))
+    allowed = p >= params.min_p * p.max()
+    p = np.where(allowed, p, 0.0)
+    order = np.argsort(-p, kind="stable")
+    ps = p[order]
+    if params.top_k:
+        ps[params.top_k :] = 0.0
+    before = np.cumsum(ps) - ps
+    ps = np.where(before < params.top_p * ps.sum(), ps, 0.0)
+    return order[ps > 0]
+
+
+# ------------------------------------------------------------- known answers, greedy
+@settings(max_examples=25, deadline=None)
+@given(
+    rep=st.sampled_from([1.0, 0.5, 1.3, 2.0]),
+    freq=st.sampled_from([0.0, 0.7, -0.5, 2.0]),
+    pres=st.sampled_from([0.0, 1.0, -1.5]),
+    bias=st.lists(st.tuples(st.integers(0, 95), st.floats(-100, 100)), max_size=4),
+    min_tokens=st.integers(0, 6),
+)
+def test_greedy_adjustments_equal_the_reference_on_the_same_logits(
+    model, rep, freq, pres, bias, min_tokens
+) -> None:
+    engine, rec = engine_of(model)
+    [plain] = engine.generate([PROMPTS[0]], SamplingParams(8))
+    params = SamplingParams(
+        8,
+        repetition_penalty=rep,
+        frequency_penalty=freq,
+        presence_penalty=pres,
+        logit_bias=bias,
+        min_tokens=min_tokens,
+        stop_token_ids=(plain.output_ids[0], plain.output_ids[1]),
+    )
+    ids = [engine.add_request(p, params) for p in PROMPTS]
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    for rid in ids:
+        rows = list(rec.rows(rid))
+        assert rows
+        for row, out, prompt, pick in rows:
+            x = adjusted(row, params, out, prompt)
+            assert pick == int(np.argmax(x)), (rid, out)
+            if len(out) < min_tokens:
+                assert pick not in params.stop_token_ids
+
+
+def test_plain_requests_pick_the_raw_argmax_and_report_raw_logprobs(model) -> None:
+    """A request using none of the new parameters picks exactly as before: the argmax of the
+    raw logits (ties to the lowest id), with the raw log-softmax as its logprob; beside
+    requests that adjust theirs, in the same batch."""
+    engine, rec = engine_of(model)
+    plain = [engine.add_request(p, SamplingParams(6)) for p in PROMPTS]
+    engine.add_request(PROMPTS[1], SamplingParams(6, repetition_penalty=1.8, logit_bias={7: 5}))
+    done = {}
+    while engine.scheduler.has_unfinished():
+        done.update({r.request_id: r for r in engine.step()})
+    for rid in plain:
+        rows = list(rec.rows(rid))
+        for (row, _, _, pick), lp in zip(rows, done[rid].logprobs, strict=True):
+            assert pick == int(np.argmax(row))
+            logp = torch.log_softmax(torch.tensor(row, dtype=torch.float32), dim=-1)
+            assert lp == pytest.approx(float(logp[pick]), abs=1e-6)
+
+
+@pytest.mark.parametrize("cache", [None, "radix"])
+def test_cache_on_equals_cache_off_with_penalties(model, cache) -> None:
+    params = SamplingParams(10, repetition_penalty=1.4, presence_penalty=0.5, logit_bias={9: 3.0})
+    prompts = [PROMPTS[2], PROMPTS[2][:-3] + [1, 2, 3], PROMPTS[2]]
+    want = [
+        c.output_ids
+        for c in Engine(model, EngineConfig(num_blocks=128, block_size=4, cache=None)).generate(
+            prompts, params
+        )
+    ]
+    engine = Engine(model, EngineConfig(num_blocks=128, block_size=4, cache=cache))
+    assert [c.output_ids for c in engine.generate(prompts, params)] == want
+
+
+# ------------------------------------------------------------ sampled
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_one_and_min_p_one_are_greedy_at_any_temperature(model, seed) -> None:
+    """The issue's example: ``top_k: 1`` at temperature 2 gave a different text per seed."""
+    engine, _ = engine_of(model)
+    [greedy] = engine.generate([PROMPTS[1]], SamplingParams(10))
+    for params in (
+        SamplingParams(10, temperature=2.0, top_k=1, seed=seed),
+        SamplingParams(10, temperature=2.0, min_p=1.0, seed=seed),
+    ):
+        [c] = engine.generate([PROMPTS[1]], params)
+        assert c.output_ids == greedy.output_ids
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(12, temperature=1.5, top_k=3, seed=1),
+        SamplingParams(12, temperature=1.5, min_p=0.2, seed=2),
+        SamplingParams(12, temperature=1.0, top_p=0.6, seed=3),
+        SamplingParams(12, temperature=1.2, top_k=5, top_p=0.8, min_p=0.05, seed=4),
+        SamplingParams(12, temperature=0.9, top_k=4, repetition_penalty=1.5, seed=5),
+    ],
+    ids=["top_k", "min_p", "top_p", "all three", "top_k+penalty"],
+)
+def test_sampled_tokens_lie_where_the_reference_allows(model, params) -> None:
+    engine, rec = engine_of(model)
+    ids = [engine.add_request(p, params) for p in PROMPTS]
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    for rid in ids:
+        for row, out, prompt, pick in rec.rows(rid):
+            assert pick in kept(adjusted(row, params, out, prompt), params), (rid, out)
+
+
+def test_top_k_samples_more_than_one_token_when_allowed(model) -> None:
+    """top_k = 3 at a high temperature is not silently greedy: over seeds, several texts."""
+    engine, _ = engine_of(model)
+    params = [SamplingParams(6, temperature=2.0, top_k=3, seed=s) for s in range(12)]
+    outs = {tuple(engine.generate([PROMPTS[0]], p)[0].output_ids) for p in params}
+    assert len(outs) > 1
+
+
+def test_seeded_requests_repeat_whatever_runs_beside_them(model) -> None:
+    params = [
+        SamplingParams(10, temperature=1.3, top_k=6, seed=11),
+        SamplingParams(10, temperature=0.8, min_p=0.1, repetition_penalty=1.2, seed=12),
+        SamplingParams(10, temperature=1.1, top_p=0.9, frequency_penalty=0.5, seed=13),
+        SamplingParams(10, temperature=1.0, seed=14, logit_bias={3: 2.0}),
+    ]
+    alone = [
+        engine_of(model)[0].generate([p], [sp])[0].output_ids
+        for p, sp in zip(PROMPTS + [PROMPTS[0]], params, strict=True)
+    ]
+    for budget in (512, 8):  # all in one batch; chunked prefill mixing them step by step
+        engine, _ = engine_of(model, max_num_batched_tokens=budget)
+        together = engine.generate(PROMPTS + [PROMPTS[0]], params)
+        assert [c.output_ids for c in together] == alone
+
+
+def test_min_tokens_holds_back_the_stop_tokens(model) -> None:
+    engine, _ = engine_of(model)
+    [free] = engine.generate([PROMPTS[0]], SamplingParams(12))
+    stop = free.output_ids[0]
+    [short] = engine.generate([PROMPTS[0]], SamplingParams(12, stop_token_ids=(stop,)))
+    assert short.output_ids == [stop] and short.finish_reason == "stop"
+    [held] = engine.generate([PROMPTS[0]], SamplingParams(12, stop_token_ids=(stop,), min_tokens=4))
+    assert len(held.output_ids) >= 4 and stop not in held.output_ids[:4]
+
+
+def test_logit_bias_forces_and_forbids(model) -> None:
+    engine, _ = engine_of(model)
+    [free] = engine.generate([PROMPTS[1]], SamplingParams(6))
+    [forced] = engine.generate([PROMPTS[1]], SamplingParams(6, logit_bias={42: 100.0}))
+    assert forced.output_ids == [42] * 6
+    banned = dict.fromkeys(free.output_ids, -100.0)
+    [other] = engine.generate([PROMPTS[1]], SamplingParams(6, logit_bias=banned))
+    assert not set(other.output_ids) & set(free.output_ids)
+
+
+# ------------------------------------------------------------ logprobs
+def test_top_logprobs_are_the_raw_distributions_likeliest(model) -> None:
+    engine, rec = engine_of(model)
+    rid = engine.add_request(PROMPTS[2], SamplingParams(6, temperature=0.7, seed=1, top_logprobs=4))
+    done = []
+    while engine.scheduler.has_unfinished():
+        done += engine.step()
+    [req] = done
+    assert req.request_id == rid and len(req.top_logprobs) == len(req.output_ids) == 6
+    for (row, _, _, pick), top, lp in zip(
+        rec.rows(rid), req.top_logprobs, req.logprobs, strict=True
+    ):
+        logp = torch.log_softmax(torch.tensor(row, dtype=torch.float32), dim=-1).double()
+        values, ids = logp.topk(4)
+        assert [t for t, _ in top] == ids.tolist()
+        assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-6)
+        assert lp == pytest.approx(float(logp[pick]), abs=1e-6)
+    [plain] = engine.generate([PROMPTS[2]], SamplingParams(3))
+    assert plain.top_logprobs == []
+
+
+def test_prompt_logprobs_score_the_prompt_without_the_cache(model) -> None:
+    engine, _ = engine_of(model)
+    prompt = PROMPTS[2]
+    engine.generate([prompt], SamplingParams(2))  # cached now: scoring must not read it
+    [c] = engine.generate([prompt], SamplingParams(2, prompt_logprobs=3))
+    pl = c.prompt_logprobs
+    assert pl is not None and len(pl.logprobs) == len(pl.ranks) == len(pl.top) == len(prompt) - 1
+    logp = torch.log_softmax(model.forward_dense(torch.tensor(prompt))[:-1].float(), dim=-1)
+    for j, (lp, rank, top) in enumerate(zip(pl.logprobs, pl.ranks, pl.top, strict=True)):
+        row = logp[j].double().numpy()
+        assert lp == pytest.approx(row[prompt[j + 1]], abs=1e-6)
+        assert rank == 1 + int((row > row[prompt[j + 1]]).sum())
+        assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:3].tolist()
+    assert engine.score_prompt([7]).logprobs == []
+
+
+def test_prompt_logprobs_refuse_a_prompt_too_long_to_score(model, monkeypatch) -> None:
+    monkeypatch.setattr(engine_module, "MAX_PROMPT_LOGPROB_ELEMENTS", 10 * CFG.vocab_size)
+    engine, _ = engine_of(model)
+    with pytest.raises(ValueError, match="prompt_logprobs .* 11 tokens is over the 10"):
+        engine.add_request(list(range(11)), SamplingParams(2, prompt_logprobs=0))
+    engine.add_request(list(range(10)), SamplingParams(2, prompt_logprobs=0))
+    engine.check()
+
+
+# ------------------------------------------------------------ checks
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"top_k": -1}, "top_k must be >= 0, got -1"),
+        ({"min_p": 1.5}, r"min_p must be in \[0, 1\], got 1.5"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0, got 0.0"),
+        ({"presence_penalty": float("nan")}, "presence_penalty must be finite"),
+        ({"frequency_penalty": "x"}, "frequency_penalty must be a number"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias token ids must be non-negative ints, got -1"),
+        ({"logit_bias": [(1, float("inf"))]}, "logit_bias must be finite"),
+        ({"logit_bias": "ab"}, "logit_bias must hold"),
+        ({"min_tokens": 20}, r"min_tokens must be in \[0, 16\], got 20"),
+        ({"top_logprobs": -1}, "top_logprobs must be >= 0"),
+        ({"prompt_logprobs": 1.5}, "prompt_logprobs must be an int"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(kw, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kw)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_queueing(model) -> None:
+    engine, _ = engine_of(model)
+    with pytest.raises(ValueError, match=r"logit_bias token ids \[96\]"):
+        engine.add_request([1, 2], SamplingParams(logit_bias={96: 1.0}))
+    with pytest.raises(ValueError, match="top_logprobs is 97"):
+        engine.add_request([1, 2], SamplingParams(top_logprobs=97))
+    assert not engine.scheduler.has_unfinished()
+
+
+def test_requests_carry_their_first_scheduling_time(model) -> None:
+    engine, _ = engine_of(model)
+    rid = engine.add_request(PROMPTS[0], SamplingParams(2))
+    req: Request | None = engine.get(rid)
+    assert req is not None and req.scheduled_time is None
+    engine.step()
+    assert req.scheduled_time is not None and req.scheduled_time >= req.arrival_time
