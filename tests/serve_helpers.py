@@ -4,6 +4,7 @@ server on 127.0.0.1 in a thread; :func:`spawn_serve`, ``radixkv serve`` as a pro
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -12,9 +13,13 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from radixkv.model import ModelConfig
 from radixkv.serve.models import ByteTokenizer
+
+if TYPE_CHECKING:
+    from radixkv.serve.async_engine import AsyncEngine
 
 TINY_CONFIG = ModelConfig(
     vocab_size=ByteTokenizer.vocab_size,
@@ -105,3 +110,17 @@ def spawn_serve(*flags: str) -> tuple[subprocess.Popen, int]:
         raise AssertionError(f"radixkv serve did not start: {line!r} {proc.stderr.read()}")
     url = line.split(" at ", 1)[1].split()[0]
     return proc, int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+def wait_idle(ae: AsyncEngine) -> None:
+    """Wait (at most ``TIMEOUT``) until ``ae`` has no running, waiting or open request."""
+    end = time.monotonic() + TIMEOUT
+    while ae.metrics().running or ae.metrics().waiting or ae.num_requests:
+        assert time.monotonic() < end, f"engine still busy: {ae.metrics()}"
+        time.sleep(0.01)
+
+
+def check_engine(ae: AsyncEngine) -> None:
+    """Once ``ae`` is idle, run its engine's invariant check on its own thread."""
+    wait_idle(ae)
+    asyncio.run_coroutine_threadsafe(ae.check(), ae.loop).result(TIMEOUT)

@@ -27,7 +27,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_helpers import TINY_CONFIG, Server  # noqa: E402
+from serve_helpers import TINY_CONFIG, Server, wait_idle  # noqa: E402
 
 from radixkv.cli import main as cli_main  # noqa: E402
 from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
@@ -80,13 +80,6 @@ def server(served) -> Server:
 def on_engine(ae: AsyncEngine, fn):
     """``fn(engine)`` run on the engine thread, from this (test) thread."""
     return asyncio.run_coroutine_threadsafe(ae.call(fn), ae.loop).result(TIMEOUT)
-
-
-def wait_idle(ae: AsyncEngine) -> None:
-    end = time.monotonic() + TIMEOUT
-    while ae.metrics().running or ae.metrics().waiting or ae.num_requests:
-        assert time.monotonic() < end, f"engine still busy: {ae.metrics()}"
-        time.sleep(0.01)
 
 
 def assert_nothing_held(ae: AsyncEngine) -> None:

@@ -15,7 +15,6 @@ engine, and leave the server serving (on the same keep-alive connection).
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import random
@@ -33,7 +32,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from fastapi import FastAPI  # noqa: E402
-from serve_helpers import TIMEOUT, TINY_CONFIG, Server, spawn_serve  # noqa: E402
+from serve_helpers import TIMEOUT, TINY_CONFIG, Server, check_engine, spawn_serve, wait_idle  # noqa: E402
 
 from radixkv.cache.events import ChainHasher  # noqa: E402
 from radixkv.engine import Engine, EngineConfig  # noqa: E402
@@ -80,18 +79,6 @@ def served(model) -> Iterator[tuple[Server, AsyncEngine, list]]:
 @pytest.fixture
 def server(served) -> Server:
     return served[0]
-
-
-def wait_idle(ae: AsyncEngine) -> None:
-    end = time.monotonic() + TIMEOUT
-    while ae.metrics().running or ae.metrics().waiting or ae.num_requests:
-        assert time.monotonic() < end, f"engine still busy: {ae.metrics()}"
-        time.sleep(0.01)
-
-
-def check_engine(ae: AsyncEngine) -> None:
-    wait_idle(ae)
-    asyncio.run_coroutine_threadsafe(ae.check(), ae.loop).result(TIMEOUT)
 
 
 def assert_openai_error(status: int, data: bytes, want: int, param: str | None = None) -> dict:

@@ -20,7 +20,6 @@ bench serve``, written from what those tools send (they are not installed here).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import subprocess
@@ -37,7 +36,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from serve_helpers import TIMEOUT, TINY_CONFIG, Server, spawn_serve  # noqa: E402
+from serve_helpers import TIMEOUT, TINY_CONFIG, Server, check_engine, spawn_serve, wait_idle  # noqa: E402
 
 from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
@@ -75,18 +74,6 @@ def served(model) -> Iterator[tuple[Server, AsyncEngine]]:
 @pytest.fixture
 def server(served) -> Server:
     return served[0]
-
-
-def wait_idle(ae: AsyncEngine) -> None:
-    end = time.monotonic() + TIMEOUT
-    while ae.metrics().running or ae.metrics().waiting or ae.num_requests:
-        assert time.monotonic() < end, f"engine still busy: {ae.metrics()}"
-        time.sleep(0.01)
-
-
-def check_engine(ae: AsyncEngine) -> None:
-    wait_idle(ae)
-    asyncio.run_coroutine_threadsafe(ae.check(), ae.loop).result(TIMEOUT)
 
 
 def reference(model, ids: list[int], max_tokens: int, **kw: Any) -> list[int]:
