@@ -334,22 +334,41 @@ def test_exact_rejects_foreign_events() -> None:
         idx.apply("r0", ["oops"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="spec_ttl must be a positive number"):
         ExactIndex(spec_ttl=-1.0)
+    with pytest.raises(ValueError, match="spec_ttl_factor must be a positive number, got 0"):
+        ExactIndex(spec_ttl_factor=0)
 
 
-def test_speculative_entries_appear_at_once_and_expire_after_ttl() -> None:
+def test_speculation_lasts_until_the_request_ends() -> None:
     clock = FakeClock()
-    idx = ExactIndex(spec_ttl=2.0, clock=clock)
+    idx = ExactIndex(clock=clock)
     a = chain(A)
     idx.apply("r0", [stored(a[:3])])
-    assert idx.speculate("r0", a) == 7  # the three real ones are not speculative
+    assert idx.speculate("r0", a, "q1") == 7  # the three real ones are not speculative
     assert idx.match(a) == {"r0": 10}
     assert idx.speculative("r0") == set(a[3:]) and idx.blocks("r0") == set(a[:3])
+    assert idx.ttl_now == math.inf  # no lifetime observed yet: no safety bound
     idx.check()
-    clock.now = 1.9
+    clock.now = 1e6  # however long it queues
     assert idx.match(a) == {"r0": 10}
-    clock.now = 2.0
-    assert idx.match(a) == {"r0": 3}
-    assert idx.speculative("r0") == set()
+    assert idx.release("r0", "q1") == 7
+    assert idx.match(a) == {"r0": 3} and idx.speculative("r0") == set()
+    assert idx.num_speculating() == 0 and idx.safety_expired == 0
+    assert idx.release("r0", "q1") == 0  # nothing left to end
+    idx.check()
+
+
+def test_a_claim_lasts_while_any_request_holds_it() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    a = chain(A)
+    idx.speculate("r1", a[:4], "q1")
+    assert idx.speculate("r1", a, "q2") == 6  # the first four were claimed already
+    assert idx.release("r1", "q1") == 0  # q2 still claims all ten
+    assert idx.match(a) == {"r1": 10}
+    idx.speculate("r1", a[:2], "q2")  # a retry of the same request: its own ticket
+    assert idx.num_speculating("r1") == 2
+    assert idx.release("r1", "q2") == 8  # the oldest ticket of q2: its ten, but two held on
+    assert idx.match(a) == {"r1": 2}
+    assert idx.release("r1", "q2") == 2 and idx.match(a) == {}
     idx.check()
 
 
@@ -357,50 +376,69 @@ def test_a_chain_may_run_real_speculative_real() -> None:
     idx = ExactIndex(clock=FakeClock())
     a = chain(A)
     idx.apply("r0", [stored(a[:3])])
-    idx.speculate("r0", a)
+    idx.speculate("r0", a, "q")
     idx.apply("r0", [stored(a[6:], parent=a[5])])  # the replica reports the tail first
     assert idx.speculative("r0") == set(a[3:6])
     assert idx.match(a) == {"r0": 10}
     idx.check()
 
 
-def test_speculation_on_a_cold_replica_and_renewal() -> None:
+def test_block_stored_confirms_a_claim() -> None:
     clock = FakeClock()
-    idx = ExactIndex(spec_ttl=2.0, clock=clock)
+    idx = ExactIndex(clock=clock)
     a = chain(A)
-    idx.speculate("r1", a[:4])
-    clock.now = 1.5
-    idx.speculate("r1", a)  # renews the first four, adds six
-    clock.now = 3.0  # past the first deadline, before the second
-    assert idx.match(a) == {"r1": 10}
-    idx.check()
-    clock.now = 3.5
-    assert idx.match(a) == {}
-    idx.check()
-
-
-def test_block_stored_makes_a_speculative_entry_real() -> None:
-    clock = FakeClock()
-    idx = ExactIndex(spec_ttl=2.0, clock=clock)
-    a = chain(A)
-    idx.speculate("r0", a)
+    idx.speculate("r0", a, "q")
     idx.apply("r0", [stored(a[:6])])
     assert idx.blocks("r0") == set(a[:6]) and idx.speculative("r0") == set(a[6:])
     idx.check()
-    clock.now = 5.0
-    assert idx.match(a) == {"r0": 6}  # the real ones outlive the TTL
+    assert idx.release("r0", "q") == 4  # finished without the last four reported
+    assert idx.match(a) == {"r0": 6}  # the real ones stay
+    idx.apply("r0", removed(a[0]))
+    assert idx.match(a) == {}  # confirmed, then evicted: gone
     idx.check()
 
 
-def test_block_removed_removes_a_speculative_entry() -> None:
+def test_block_removed_keeps_the_claim_of_a_queued_request() -> None:
     idx = ExactIndex(clock=FakeClock())
     a = chain(A)
-    idx.speculate("r0", a)
-    idx.apply("r0", removed(a[2]))
-    assert idx.match(a) == {"r0": 2}
-    idx.apply("r0", [AllBlocksCleared()])
+    idx.apply("r0", [stored(a)])
+    assert idx.speculate("r0", a, "q") == 0  # all real: nothing new is speculative
+    idx.apply("r0", removed(a[2]))  # evicted before q ran: q will compute it again
+    assert idx.match(a) == {"r0": 10} and idx.speculative("r0") == {a[2]}
+    idx.apply("r0", [AllBlocksCleared()])  # a reset voids what the index knew, claims too
     assert idx.match(a) == {} and idx.speculative("r0") == set()
+    assert idx.num_speculating("r0") == 1  # the request itself still runs there
+    assert idx.release("r0", "q") == 0
     idx.check()
+
+
+def test_the_safety_net_follows_the_observed_lifetimes() -> None:
+    clock = FakeClock()
+    idx = ExactIndex(spec_ttl_factor=4.0, clock=clock)
+    a, b = chain(A), chain(B)
+    idx.speculate("r0", a, "q1")
+    clock.now = 5.0
+    idx.release("r0", "q1")  # lived 5 s: the bound is 20 s
+    assert idx.ttl_now == 20.0
+    clock.now = 10.0
+    idx.speculate("r0", b, "q2")  # its release will be lost
+    idx.speculate("r0", a, "q3")
+    clock.now = 100.0
+    assert idx.match(b) == {"r0": 10}  # old, but nothing routed after it has finished
+    idx.release("r0", "q3")  # q3, routed after q2, finished: q2's prefill has run
+    assert idx.ttl_now == 360.0  # q3 lived 90 s
+    clock.now = 369.9
+    assert idx.match(b) == {"r0": 10}
+    clock.now = 370.0
+    assert idx.match(b) == {} and idx.safety_expired == 1
+    assert idx.num_speculating() == 0
+    idx.check()
+    clock = FakeClock()
+    fixed = ExactIndex(spec_ttl=2.0, clock=clock)  # a plain time bound, no other condition
+    fixed.speculate("r0", a, "q")
+    assert fixed.ttl_now == 2.0
+    clock.now = 2.0
+    assert fixed.match(a) == {} and fixed.safety_expired == 1
 
 
 def test_exact_reset_and_drop_replica() -> None:
@@ -408,7 +446,7 @@ def test_exact_reset_and_drop_replica() -> None:
     a = chain(A)
     for r in ("r0", "r1", "r2"):
         idx.apply(r, [stored(a)])
-    idx.speculate("r0", chain(B))
+    idx.speculate("r0", chain(B), "q")
     idx.reset_replica("r0")
     assert idx.match(a) == {"r1": 10, "r2": 10} and "r0" in idx.replicas()
     idx.drop_replica("r1")
@@ -548,19 +586,46 @@ TestApproxMachine = ApproxMachine.TestCase
 
 
 class ExactMachine(RuleBasedStateMachine):
-    """ExactIndex against an oracle: per replica its real hashes and speculative deadlines."""
+    """ExactIndex against an oracle: per replica its real hashes; per live request (ticket) the
+    hashes it claims and when it was routed; the safety net (the bound from released
+    lifetimes, and whether a later request on the replica was released)."""
 
     @initialize()
     def setup(self) -> None:
         self.clock = FakeClock()
-        self.idx = ExactIndex(spec_ttl=2.0, block_size=BS, clock=self.clock)
+        self.idx = ExactIndex(spec_ttl_factor=4.0, block_size=BS, clock=self.clock)
         self.real: dict[str, set[int]] = {}
-        self.spec: dict[str, dict[int, float]] = {}
+        self.tickets: list[dict] = []  # {"id", "r", "owner", "claims", "time"}, oldest first
+        self.max_life = -math.inf
+        self.next_owner = 0
+        self.next_id = 0
+        self.done_upto: dict[str, int] = {}  # replica -> newest ticket released there
 
-    def alive(self, r: str) -> dict[int, float]:
-        return {h: d for h, d in self.spec.get(r, {}).items() if d > self.clock.now}
+    def ttl(self) -> float:
+        return 4.0 * self.max_life if self.max_life > 0 else math.inf
 
-    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.5]))
+    def expire(self) -> None:
+        """Presumed lost: older than the bound and overtaken by a later release there."""
+        cutoff = self.clock.now - self.ttl()
+        self.tickets = [
+            t
+            for t in self.tickets
+            if t["time"] > cutoff or self.done_upto.get(t["r"], -1) < t["id"]
+        ]
+
+    def claimed(self, r: str) -> set[int]:
+        return set().union(*(t["claims"] for t in self.tickets if t["r"] == r))
+
+    def confirm(self, r: str, hashes: list[int]) -> None:
+        self.real.setdefault(r, set()).update(hashes)  # claims stay until their requests end
+
+    def void(self, r: str) -> None:
+        self.real[r] = set()
+        for t in self.tickets:
+            if t["r"] == r:
+                t["claims"] = set()
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.5, 10.0]))
     def advance(self, dt: float) -> None:
         self.clock.now += dt
 
@@ -568,24 +633,19 @@ class ExactMachine(RuleBasedStateMachine):
     def store(self, r: str, prompt: tuple[list[int], object], cut: int) -> None:
         hashes = chain(*prompt)[cut:]  # a replica may store a chain's tail later
         self.idx.apply(r, [stored(hashes)])
-        self.real.setdefault(r, set()).update(hashes)
-        for h in hashes:
-            self.spec.get(r, {}).pop(h, None)
+        self.confirm(r, hashes)
 
     @rule(r=st.sampled_from(REPLICAS), prompt=prompts, data=st.data())
     def remove(self, r: str, prompt: tuple[list[int], object], data: st.DataObject) -> None:
         hashes = chain(*prompt)
         gone = data.draw(st.lists(st.sampled_from(hashes), max_size=3)) if hashes else []
         self.idx.apply(r, removed(*gone))
-        for h in gone:
-            self.real.get(r, set()).discard(h)
-            self.spec.get(r, {}).pop(h, None)
+        self.real.setdefault(r, set()).difference_update(gone)
 
     @rule(r=st.sampled_from(REPLICAS))
     def clear(self, r: str) -> None:
         self.idx.apply(r, [AllBlocksCleared()])
-        self.real[r] = set()
-        self.spec.pop(r, None)
+        self.void(r)
 
     @rule(
         r=st.sampled_from(REPLICAS),
@@ -602,42 +662,70 @@ class ExactMachine(RuleBasedStateMachine):
             hashes = chain(*prompt)
             if kind == "clear":
                 events.append(AllBlocksCleared())
-                self.real[r] = set()
-                self.spec.pop(r, None)
+                self.void(r)
             elif kind == "store":
                 events.append(stored(hashes[cut:]))
-                self.real.setdefault(r, set()).update(hashes[cut:])
-                for h in hashes[cut:]:
-                    self.spec.get(r, {}).pop(h, None)
+                self.confirm(r, hashes[cut:])
             else:
                 events += removed(*hashes[cut : cut + 2])
-                for h in hashes[cut : cut + 2]:
-                    self.real.get(r, set()).discard(h)
-                    self.spec.get(r, {}).pop(h, None)
+                self.real.setdefault(r, set()).difference_update(hashes[cut : cut + 2])
         self.idx.apply(r, events)
 
-    @rule(r=st.sampled_from(REPLICAS), prompt=prompts)
-    def speculate(self, r: str, prompt: tuple[list[int], object]) -> None:
+    @rule(r=st.sampled_from(REPLICAS), prompt=prompts, retry=st.booleans())
+    def speculate(self, r: str, prompt: tuple[list[int], object], retry: bool) -> None:
         hashes = chain(*prompt)
-        self.idx.speculate(r, hashes)
-        spec = self.spec.setdefault(r, {})
-        for h in hashes:
-            if h not in self.real.get(r, set()):
-                spec[h] = self.clock.now + 2.0
+        self.expire()
+        mine = [t["owner"] for t in self.tickets if t["r"] == r]
+        if retry and mine:
+            owner = mine[0]
+        else:
+            owner = self.next_owner
+            self.next_owner += 1
+        before = self.claimed(r) | self.real.get(r, set())
+        got = self.idx.speculate(r, hashes, owner)
+        assert got == len(set(hashes) - before)
+        self.tickets.append(
+            {
+                "id": self.next_id,
+                "r": r,
+                "owner": owner,
+                "claims": set(hashes),
+                "time": self.clock.now,
+            }
+        )
+        self.next_id += 1
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.expire()
+        if not self.tickets:
+            return
+        t = data.draw(st.sampled_from(self.tickets))
+        r, owner = t["r"], t["owner"]
+        first = next(x for x in self.tickets if x["r"] == r and x["owner"] == owner)
+        self.max_life = max(self.max_life, self.clock.now - first["time"])
+        self.done_upto[r] = max(self.done_upto.get(r, -1), first["id"])
+        before = self.claimed(r) - self.real.get(r, set())
+        self.tickets.remove(first)
+        after = self.claimed(r) - self.real.get(r, set())
+        self.expire()  # the longer bound, then the safety net (not counted by release)
+        assert self.idx.release(r, owner) == len(before - after)
 
     @rule(r=st.sampled_from(REPLICAS))
     def drop(self, r: str) -> None:
         self.idx.drop_replica(r)
         self.real.pop(r, None)
-        self.spec.pop(r, None)
+        self.done_upto.pop(r, None)
+        self.tickets = [t for t in self.tickets if t["r"] != r]
 
     @rule(prompt=prompts)
     def match(self, prompt: tuple[list[int], object]) -> None:
         hashes = chain(*prompt)
         got = self.idx.match(hashes)
+        self.expire()
         want = {}
         for r in REPLICAS:
-            n = walk(self.real.get(r, set()) | set(self.alive(r)), hashes)
+            n = walk(self.real.get(r, set()) | self.claimed(r), hashes)
             if n:
                 want[r] = n
         note(f"match {got} want {want}")
@@ -646,10 +734,13 @@ class ExactMachine(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "idx"))
     @invariant()
     def same_state(self) -> None:
-        self.idx.check()
+        self.expire()
         for r in REPLICAS:
             assert self.idx.blocks(r) == self.real.get(r, set()), r
-            assert self.idx.speculative(r) == set(self.alive(r)), r
+            assert self.idx.speculative(r) == self.claimed(r) - self.real.get(r, set()), r
+        assert self.idx.num_speculating() == len(self.tickets)
+        assert self.idx.ttl_now == self.ttl()
+        self.idx.check()
 
 
 TestExactMachine = ExactMachine.TestCase

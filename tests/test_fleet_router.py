@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, ChainHasher
 from radixkv.fleet.index import chain_hashes
 from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
-from radixkv.fleet.router import ROUTERS, LoadAwareScoring, make_router
+from radixkv.fleet.router import ROUTERS, make_router
+from radixkv.fleet.scoring import Backlog, TimeCostScoring
+from radixkv.fleet.service import ServiceModel
 
 BS = 4
 NAMES = sorted(ROUTERS)
@@ -111,10 +113,18 @@ def test_make_router_names_what_is_wrong() -> None:
         make_router("chwbl", block_size=BS, load_factor=0.5)
     with pytest.raises(ValueError, match="tie_break must be 'index' or 'random'"):
         make_router("least_loaded", block_size=BS, tie_break="first")
-    with pytest.raises(ValueError, match="kv_usage_threshold must be a number >= 0"):
-        make_router("approx", block_size=BS, kv_usage_threshold=-1)
-    with pytest.raises(ValueError, match="max_load_gap must be an int >= 0, got -2"):
-        make_router("exact", block_size=BS, max_load_gap=-2)
+    with pytest.raises(ValueError, match="externality must be one of .*'extra'.*, got 'some'"):
+        make_router("approx", block_size=BS, externality="some")
+    with pytest.raises(ValueError, match=r"load_factor must be a number >= 1 or None, got 0.9"):
+        make_router("exact", block_size=BS, load_factor=0.9)
+    with pytest.raises(ValueError, match="min_gain_blocks must be an int >= 0, got -2"):
+        make_router("exact", block_size=BS, min_gain_blocks=-2)
+    with pytest.raises(ValueError, match="tokens_per_block must be an int >= 1, got 0"):
+        make_router("exact", block_size=BS, tokens_per_block=0)
+    with pytest.raises(ValueError, match=r"service must be a ServiceModel or one of"):
+        make_router("approx", block_size=BS, service="tpu")
+    with pytest.raises(ValueError, match="clock must be a callable"):
+        make_router("exact", block_size=BS, clock=3.0)
 
 
 # ------------------------------------------------------------------ baselines
@@ -294,33 +304,98 @@ def test_a_shared_prefix_follows_its_first_request(name: str) -> None:
     assert again == first  # 16 of 26 blocks cached there; one more request in flight
 
 
+def tail(k: int) -> list[int]:
+    """The shared system prompt and 10 blocks of its own (26 blocks in all)."""
+    return SYSTEM + list(range(5000 + 40 * k, 5040 + 40 * k))
+
+
 @pytest.mark.parametrize("name", ["approx", "exact"])
-def test_an_overloaded_replica_loses_its_affinity(name: str) -> None:
-    # A heavy prefill weight: by cost alone the cached replica would win at any of these loads.
-    router = make_router(name, block_size=BS, clock=FakeClock(), max_load_gap=3, prefill_weight=10)
-    reps = states(0, 0, 0)
+def test_affinity_lasts_while_the_queue_costs_less_than_the_prefill_it_saves(name: str) -> None:
+    clock = FakeClock()
+    router = make_router(name, block_size=BS, clock=clock)
+    fleet = Fleet(router, 3)
+    svc = router.scoring.service
+    full, part = svc.prefill(26 * BS, 0), svc.prefill(26 * BS, 16 * BS)
+    home = fleet.send(req(tail(0), 0))
+    clock.now = full  # its prefill is done: the system prompt is there
+    # Each follower queues behind the ones before it on home (10 blocks each); an idle
+    # replica would prefill all 26. While the queue costs less than that, home wins.
+    k = 1
+    while k * part < full:
+        assert fleet.send(req(tail(k), k)) == home
+        k += 1
+    assert k > 1 and router.backlog.wait(home, clock.now) == pytest.approx((k - 1) * part)
+    away = fleet.send(req(tail(k), k))
+    assert away != home  # the queue now costs more than the 16 cached blocks save
+    clock.now = 1e6  # the replicas worked their queues off
+    assert router.backlog.wait(home, clock.now) == 0.0
+    assert fleet.send(req(tail(k + 1), k + 1)) in {home, away}  # both hold the prefix
+
+
+@pytest.mark.parametrize("name", ["approx", "exact"])
+def test_under_load_the_externality_keeps_a_prefix_together(name: str) -> None:
+    # Every replica has a queue: sending a request where its prefix is not cached makes
+    # the requests queued there wait for the extra prefill too, so affinity holds longer.
+    results = {}
+    for externality in ("extra", "off"):
+        clock = FakeClock()
+        router = make_router(name, block_size=BS, clock=clock, externality=externality)
+        fleet = Fleet(router, 2)
+        fleet.send(req(list(range(9000, 9104)), "bg0"))  # 26 unshared blocks on each
+        fleet.send(req(list(range(9200, 9304)), "bg1"))
+        for k in range(4):
+            fleet.send(req(list(range(9400 + 8 * k, 9408 + 8 * k)), f"small{k}"))
+        home = fleet.send(req(tail(0), 0))
+        sent = [fleet.send(req(tail(k), k)) for k in range(1, 6)]
+        results[externality] = sum(r == home for r in sent)
+    assert results["extra"] > results["off"]
+
+
+@pytest.mark.parametrize("name", ["approx", "exact"])
+def test_new_prefixes_spread_by_free_kv_then_in_turn_never_by_list_order(name: str) -> None:
+    router = make_router(name, block_size=BS, clock=FakeClock())
+    reps = [ReplicaState(f"r{i}", capacity_blocks=64) for i in range(4)]
+    # Idle replicas, prefixes no one holds: equal time, so free KV, then fewest blocks taken.
+    chosen = [router.choose(req(list(range(100 * k, 100 * k + 40)), k), reps) for k in range(8)]
+    assert sorted(chosen) == ["r0", "r0", "r1", "r1", "r2", "r2", "r3", "r3"]
+    if name == "exact":  # the events say r2 is nearly empty and the others full
+        fresh = make_router(name, block_size=BS, clock=FakeClock())
+        for i in (0, 1, 3):
+            block = list(range(10_000 * (i + 1), 10_000 * (i + 1) + 64 * BS))
+            hashes = chain_hashes(fresh.hasher, block, BS, None)
+            fresh.on_events(f"r{i}", [BlockStored(hashes, None, block, BS, None, "GPU", None)])
+        assert fresh.choose(req(list(range(40))), reps) == "r2"
+
+
+@pytest.mark.parametrize("name", ["approx", "exact"])
+def test_load_factor_bounds_in_flight_relative_to_the_fleet(name: str) -> None:
+    picks = {}
+    for factor in (None, 1.25):
+        router = make_router(name, block_size=BS, clock=FakeClock(), load_factor=factor)
+        reps = states(0, 0, 0, 0)
+        home = router.choose(req(PROMPT), reps)
+        router.backlog.drop(home)  # as if its prefill were done: home is the best by time
+        next(r for r in reps if r.replica_id == home).in_flight = 2
+        # bound ceil(1.25 * (2 + 1) / 4) = 1: home, at 2 in flight, is over it
+        picks[factor] = router.choose(req(PROMPT, 1), reps) == home
+    assert picks == {None: True, 1.25: False}
+    router = make_router(name, block_size=BS, clock=FakeClock(), load_factor=1.25)
+    reps = states(2, 2, 2, 2)  # all at the bound: none is filtered
     home = router.choose(req(PROMPT), reps)
-    hot = next(r for r in reps if r.replica_id == home)
-    hot.in_flight = 3  # gap 3: still a candidate
+    router.backlog.drop(home)
     assert router.choose(req(PROMPT, 1), reps) == home
-    hot.in_flight = 4  # gap 4 > 3: filtered out
-    assert router.choose(req(PROMPT, 2), reps) != home
-    hot.in_flight = 0
-    hot.kv_usage = 0.99  # KV nearly full: filtered out too
-    assert router.choose(req(PROMPT, 3), reps) != home
-    for r in reps:
-        r.kv_usage = 0.99  # all over the threshold: none is filtered
-    assert router.choose(req(PROMPT, 4), reps) == home
 
 
 @pytest.mark.parametrize("name", ["approx", "exact"])
 @pytest.mark.parametrize("min_gain", [2, 3])
 def test_a_small_gain_is_not_worth_affinity(name: str, min_gain: int) -> None:
-    router = make_router(name, block_size=BS, clock=FakeClock(), min_gain_blocks=min_gain)
+    clock = FakeClock()
+    router = make_router(name, block_size=BS, clock=clock, min_gain_blocks=min_gain)
     reps = states(0, 0)
-    assert router.choose(req(SYSTEM[:8]), reps) == "r0"
-    reps[0].in_flight = 1
-    # 2 of 4 blocks cached on r0: cost 2 * 2 + 2 (decode) < 2 * 4 on r1, but the gain is 2 blocks
+    assert router.choose(req(SYSTEM[:8]), reps) == "r0"  # 2 blocks on r0
+    clock.now = 10.0  # prefilled: no queue anywhere
+    # 2 of 4 blocks cached on r0: the time cost says r0, but the gain over the replica
+    # with the least wait and the most free KV (r1) is 2 blocks
     want = "r0" if min_gain <= 2 else "r1"
     assert router.choose(req(SYSTEM[:8] + [7] * 8, 1), reps) == want
 
@@ -336,6 +411,17 @@ def test_namespaces_never_count_as_sharing(name: str) -> None:
     assert router.index.match(chain_hashes(router.hasher, PROMPT, BS, "tenant-c")) == {}
     reps[1].in_flight = 1
     assert router.choose(req(PROMPT, namespace="tenant-a"), reps) == "r0"
+
+
+def test_approx_remembers_without_a_ttl_by_default() -> None:
+    clock = FakeClock()
+    router = make_router("approx", block_size=BS, clock=clock)
+    fleet = Fleet(router, 2, capacity_blocks=1000)
+    home = fleet.send(req(PROMPT, 0))
+    fleet.finish(0)
+    clock.now = 1e7  # no wall-clock guess: what it remembers follows capacity alone
+    assert fleet.send(req(PROMPT, 1)) == home
+    assert router.index.ttl == math.inf
 
 
 def test_approx_affinity_expires_with_its_ttl() -> None:
@@ -368,31 +454,38 @@ def test_exact_routes_to_the_replica_whose_events_say_it_holds_the_prefix() -> N
     assert router.choose(req(PROMPT), reps) == "r2"  # more loaded than r1, but 16 blocks cached
     router.on_events("r2", [BlockRemoved([hashes[0]], "GPU")])
     assert router.index.blocks("r2") == set(hashes[1:16])
-    assert router.choose(req(PROMPT, 1), reps) == "r1"  # its chain now breaks at block 0
-    router.on_events("r1", [AllBlocksCleared()])  # clears r1's speculative entries too
+    assert router.choose(req(PROMPT, 1), reps) == "r2"  # request 0, queued there, claims it
+    router.on_finish("r2", req(PROMPT, 0))
+    router.on_finish("r2", req(PROMPT, 1))
+    third = router.choose(req(PROMPT, 2), reps)
+    assert third != "r2"  # its chain now breaks at block 0
+    router.on_events(third, [AllBlocksCleared()])  # clears the speculative entries there too
     assert router.index.match(hashes) == {}
     other = make_router("exact", block_size=BS, clock=FakeClock())  # another hash seed
     other.on_events("r2", [BlockStored(hashes, None, PROMPT[:104], BS, None, "GPU", None)])
     assert other.index.match(chain_hashes(other.hasher, PROMPT, BS, None)) == {}
 
 
-def test_exact_speculation_lasts_until_its_ttl_or_the_events() -> None:
+def test_exact_speculation_lasts_until_the_request_ends_or_the_events() -> None:
     clock = FakeClock()
-    router = make_router("exact", block_size=BS, clock=clock, spec_ttl=2.0)
-    reps = states(0, 0)
-    assert router.choose(req(PROMPT), reps) == "r0"
+    router = make_router("exact", block_size=BS, clock=clock)
+    fleet = Fleet(router, 2)
     hashes = chain_hashes(router.hasher, PROMPT, BS, None)
+    assert fleet.send(req(PROMPT, 0)) == "r0"
     assert router.index.speculative("r0") == set(hashes)
-    reps[0].in_flight = 1
-    clock.now = 1.0
-    assert router.choose(req(PROMPT, 1), reps) == "r0"  # speculative hit
-    clock.now = 3.5  # past both deadlines, and no event came
-    assert router.choose(req(PROMPT, 2), reps) == "r1"
-    router.on_events("r1", [BlockStored(hashes, None, PROMPT[:104], BS, None, "GPU", None)])
-    clock.now = 100.0
-    reps[1].in_flight = 1
-    reps[0].in_flight = 0
-    assert router.choose(req(PROMPT, 3), reps) == "r1"  # real now: no expiry
+    clock.now = 1000.0  # queued however long: no event came, the request still stands
+    assert fleet.send(req(PROMPT, 1)) == "r0"  # speculative hit
+    fleet.finish(0)
+    assert router.index.speculative("r0") == set(hashes)  # request 1 still claims them
+    fleet.finish(1)  # both ended without their blocks reported: the guess goes
+    assert router.index.speculative("r0") == set()
+    assert router.index.match(hashes) == {}
+    home = fleet.send(req(PROMPT, 2))
+    router.on_events(home, [BlockStored(hashes, None, PROMPT[:104], BS, None, "GPU", None)])
+    fleet.finish(2)
+    clock.now = 1e6
+    assert router.index.match(hashes) == {home: 26}  # real now: it stays
+    assert router.index.safety_expired == 0
     router.index.check()
 
 
@@ -407,34 +500,48 @@ def test_prefix_router_drop_replica_forgets_its_prefixes(name: str) -> None:
 
 
 # ------------------------------------------------------------------ the cost function
-def test_cost_weighs_uncached_prefill_against_decode_load() -> None:
-    scoring = LoadAwareScoring(prefill_weight=1.0, min_gain_blocks=1)
-    reps = [ReplicaState("hot", in_flight=2), ReplicaState("cold", in_flight=0)]
+def test_backlog_drains_with_the_clock_and_settles_on_finish() -> None:
+    b = Backlog()
+    b.add("r", "a", 2.0, now=0.0)
+    b.add("r", "b", 3.0, now=0.0)
+    b.add("r", "c", 1.0, now=0.0)
+    assert b.wait("r", 0.0) == 6.0 and b.queued("r", 0.0) == pytest.approx(3.0)
+    assert b.wait("r", 4.0) == 2.0  # worked off at one second a second
+    assert b.queued("r", 4.0) == pytest.approx(2.0 * 3 / 6.0)
+    b.done("r", "b", now=1.0)  # b finished: a and b are past prefill; at most c's is left
+    assert b.wait("r", 1.0) == 1.0
+    b.done("r", "b", now=1.0)  # a second report changes nothing
+    b.done("r", "c", now=1.5)
+    assert b.wait("r", 1.5) == 0.0 and b.queued("r", 1.5) == 0.0
+    b.add("r", "d", 1.0, now=10.0)  # an idle replica starts from now
+    assert b.wait("r", 10.0) == 1.0
+    b.drop("r")
+    assert b.wait("r", 10.0) == 0.0 and b.wait("never", 0.0) == 0.0
 
-    def decode(per_request: float) -> object:
-        return lambda r: r.in_flight * per_request
 
-    # cost(hot) = 2 * (10 - 8) + 2 * d, cost(cold) = 2 * 10: hot wins while d < 8
-    assert scoring.pick(reps, {"hot": 8}, 10, decode(7.5)).replica_id == "hot"
-    assert scoring.pick(reps, {"hot": 8}, 10, decode(8.5)).replica_id == "cold"
-    tie = scoring.pick(reps, {"hot": 8}, 10, decode(8.0))
-    assert tie.replica_id == "cold"  # equal cost: fewer in flight
-    heavy = LoadAwareScoring(prefill_weight=3.0, min_gain_blocks=1)
-    assert heavy.pick(reps, {"hot": 8}, 10, decode(15.0)).replica_id == "hot"  # 8+30 < 40
+def test_time_cost_prices_prefill_with_the_service_model() -> None:
+    svc = ServiceModel(prefill_per_token=1.0, attention_per_key=0.0, step_overhead=0.0)
+    scoring = TimeCostScoring(svc, tokens_per_block=2, externality="off")
+    reps = [ReplicaState("hot"), ReplicaState("cold")]
+    b = Backlog()
+    b.add("hot", "q", 11.0, now=0.0)
 
+    def pick(matched: dict, backlog: Backlog = b) -> tuple[str, float]:
+        r, own = scoring.pick(reps, matched, 10, backlog, 0.0, lambda r: 0.0, lambda r: 0)
+        return r.replica_id, own
 
-def test_decode_load_follows_the_requests_in_flight() -> None:
-    router = make_router("approx", block_size=BS, clock=FakeClock())
-    fleet = Fleet(router, 2)
-    long = req(list(range(400)), "long")  # 100 blocks
-    assert fleet.send(long) == "r0"
-    short = [req(list(range(1000 + 8 * k, 1008 + 8 * k)), k) for k in range(3)]  # 2 blocks
-    fleet.send(short[0])
-    assert router._decode_blocks(fleet.state("r0")) == 100
-    assert router._decode_blocks(fleet.state("r1")) == 2
-    assert fleet.send(short[1]) == "r0"  # one in flight each: the first
-    assert router._decode_blocks(fleet.state("r0")) == 102  # 100 + 2 blocks in flight
-    fleet.finish("long")
-    assert router._decode_blocks(fleet.state("r0")) == 2
-    fleet.finish(1)
-    assert router._decode_blocks(fleet.state("r0")) == 0
+    # hot: 11 s of queue + (10 - 8 blocks) x 2 tokens x 1 s = 15 s; cold: 20 s
+    assert pick({"hot": 8}) == ("hot", 4.0)
+    assert pick({"hot": 4}) == ("cold", 20.0)  # 11 + 12 > 20
+    assert pick({}) == ("cold", 20.0)
+    extra = TimeCostScoring(svc, tokens_per_block=2)  # default externality: "extra"
+    b2 = Backlog()
+    b2.add("hot", "q", 13.0, now=0.0)
+    b2.add("cold", "x", 1.0, now=0.0)
+    b2.add("cold", "y", 1.0, now=0.0)
+    # hot: 13 + 10 = 23 s; cold: 2 + 20 = 22 s, plus its 2 queued requests waiting for the
+    # 10 s of prefill hot would not need: 22 + 2 x 10 = 42 s
+    r, _ = scoring.pick(reps, {"hot": 5}, 10, b2, 0.0, lambda r: 0.0, lambda r: 0)
+    assert r.replica_id == "cold"
+    r, _ = extra.pick(reps, {"hot": 5}, 10, b2, 0.0, lambda r: 0.0, lambda r: 0)
+    assert r.replica_id == "hot"

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from radixkv.cli import main
 from radixkv.fleet.protocol import ReplicaState, RouteRequest
 from radixkv.fleet.sim import (
+    SERVICE_PROFILES,
+    BatchConfig,
     FleetSim,
     ServiceModel,
     SimClock,
@@ -138,6 +140,82 @@ def test_rate_scales_arrivals() -> None:
     assert fast.makespan_s == pytest.approx(25.0 + FAST.prefill(512, 0) + FAST.decode(1))
 
 
+# ------------------------------------------------------------------ batched service
+STEP = ServiceModel(
+    prefill_per_token=0.001, attention_per_key=0.0, decode_per_token=0.0, step_overhead=0.01
+)
+
+
+def test_batched_prefill_chunks_share_the_step_with_decodes() -> None:
+    # Budget 2048 tokens a step. r0 (2 ids = 1024 tokens) prefills alone in half a step;
+    # r1 waits for the prefill slot, then hits r0's 2 ids and prefills 512 tokens beside
+    # r0's decode (1 token a step: 2047 left for prefill).
+    reqs = [req(0, 0.0, [1, 2], out=3), req(1, 0.0, [1, 2, 3], out=3)]
+    batch = BatchConfig(token_budget=2048, max_num_seqs=4)
+    res = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=8, service=STEP, batch=batch)
+    first = 0.5 * 0.01 + 1024 * 0.001
+    assert res.ttft[0] == pytest.approx(first)
+    assert res.ttft[1] == pytest.approx(first + 512 / 2047 * 0.01 + 512 * 0.001)
+    assert res.hit_ids.tolist() == [0, 2]
+    assert res.service == "batched"
+
+
+def test_batched_decode_steps_cost_the_overhead_and_a_token_each() -> None:
+    svc = ServiceModel(
+        prefill_per_token=0.0, attention_per_key=0.0, decode_per_token=0.002, step_overhead=0.01
+    )
+    reqs = [req(0, 0.0, [1], out=5), req(1, 0.0, [2], out=5)]
+    res = simulate(
+        reqs, RoundRobin(), num_replicas=1, capacity_blocks=8, service=svc, batch=BatchConfig()
+    )
+    # r0's 512 tokens fill a quarter step; then r1's 512 share steps with r0's decode
+    # (2047 tokens left a step); then both decode (4 steps each after the first token).
+    r1_steps = 512 / 2047
+    assert res.ttft[0] == pytest.approx(0.25 * 0.01)
+    assert res.ttft[1] == pytest.approx(0.25 * 0.01 + r1_steps * 0.012)
+    both = 4.25 - (0.25 + r1_steps)  # until r0's last token
+    alone = (0.25 + r1_steps + 4) - 4.25
+    assert res.makespan_s == pytest.approx(res.ttft[1] + both * 0.014 + alone * 0.012)
+
+
+def test_batched_request_waits_while_the_cache_cannot_hold_it() -> None:
+    # 4 blocks: r0 holds 3 while it runs, so r1 (3 others) waits for r0 to finish.
+    reqs = [req(0, 0.0, [1, 2, 3], out=10), req(1, 0.0, [4, 5, 6], out=1)]
+    batch = BatchConfig(token_budget=2048, max_num_seqs=4)
+    res = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=4, service=STEP, batch=batch)
+    r0_done = 1536 / 2048 * 0.01 + 1536 * 0.001 + 9 * 0.01
+    assert res.ttft[1] == pytest.approx(r0_done + 1536 / 2048 * 0.01 + 1536 * 0.001)
+
+
+@pytest.mark.parametrize("seqs", [2, 3])
+def test_batched_admits_at_most_max_num_seqs(seqs: int) -> None:
+    svc = ServiceModel(
+        prefill_per_token=0.0, attention_per_key=0.0, decode_per_token=0.0, step_overhead=1.0
+    )
+    reqs = [SimRequest(i, 0.0, np.array([10 + i], dtype=np.int32), 1, 3) for i in range(3)]
+    batch = BatchConfig(token_budget=8, max_num_seqs=seqs)
+    res = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=8, service=svc, batch=batch)
+    # Each needs 2 decode steps (1 s each) after its first token: with room for two, the
+    # third starts only when one of them is done; with room for three, at once.
+    waited = res.ttft[2] >= min(res.ttft[:2]) + 2.0
+    assert waited == (seqs == 2)
+
+
+def test_batch_config_and_profiles_name_bad_values() -> None:
+    with pytest.raises(ValueError, match=r"token_budget must exceed max_num_seqs \(256\), got 256"):
+        BatchConfig(token_budget=256)
+    with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1, got 0"):
+        BatchConfig(max_num_seqs=0)
+    with pytest.raises(ValueError, match="step_overhead must be a number >= 0"):
+        ServiceModel(step_overhead=-1.0)
+    with pytest.raises(ValueError, match="batch must be a BatchConfig or None"):
+        FleetSim(num_replicas=1, capacity_blocks=1, batch=2048)  # type: ignore[arg-type]
+    h200 = SERVICE_PROFILES["h200"]
+    assert h200.decode(32) == pytest.approx(32 * (1.79e-3 + 2e-6))
+    assert h200.replace(prefill_per_token=1.0).prefill_per_token == 1.0
+    assert h200.replace(prefill_per_token=None) == h200
+
+
 # ------------------------------------------------------------------ invariants
 workloads = st.lists(
     st.tuples(
@@ -163,10 +241,45 @@ def test_every_request_is_served_once_and_nothing_leaks(wl, n, capacity, oracle)
     assert (res.ttft >= 0).all()
     assert 0.0 <= res.hit_rate <= 1.0 and 0.0 <= res.regret <= 1.0
     for rep in sim.replicas:
-        assert rep.state.in_flight == 0 and not rep.queue
+        assert rep.state.in_flight == 0 and rep.state.waiting == 0 and rep.state.running == 0
     if n == 1 or oracle:
         assert res.lost_blocks == 0 and res.regret == 0.0
     check_clean(sim)
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads, st.integers(1, 4), st.integers(1, 24), st.integers(3, 6), st.integers(1, 3))
+def test_batched_serves_every_request_once_and_releases_every_block(
+    wl, n, capacity, budget, seqs
+) -> None:
+    arrivals = np.cumsum([a for a, _, _ in wl])
+    reqs = [req(i, float(t), toks, out) for i, (t, (_, toks, out)) in enumerate(zip(arrivals, wl))]
+    svc = ServiceModel(prefill_per_token=1e-3, attention_per_key=1e-7, step_overhead=1e-2)
+    sim = FleetSim(
+        num_replicas=n, capacity_blocks=capacity, service=svc, batch=BatchConfig(budget * 512, seqs)
+    )
+    router = RoundRobin()
+    res = sim.run(reqs, router)
+    assert sorted(router.finished) == list(range(len(reqs)))
+    assert sum(res.served) == len(reqs)
+    assert (res.ttft >= 0).all() and 0.0 <= res.hit_rate <= 1.0
+    assert 0.0 <= res.utilisation <= 1.0 + 1e-9
+    for rep in sim.replicas:
+        assert rep.state.in_flight == 0 and rep.state.waiting == 0 and rep.state.running == 0
+        assert rep.work <= rep.busy_time + 1e-9
+    check_clean(sim)  # every block the running requests held was given back
+
+
+@settings(max_examples=25, deadline=None)
+@given(workloads, st.integers(1, 24))
+def test_batched_one_replica_without_overlap_equals_the_single_cache(wl, capacity) -> None:
+    # Arrivals far enough apart that each request finishes before the next: batching changes
+    # nothing any request sees, so one batched replica is the single cache too.
+    reqs = [req(i, 1e6 * i, toks, out) for i, (_, toks, out) in enumerate(wl)]
+    res = simulate(
+        reqs, RoundRobin(), num_replicas=1, capacity_blocks=capacity, batch=BatchConfig()
+    )
+    assert res.hit_rate == pytest.approx(single_cache_hit_rate(reqs, capacity))
 
 
 @settings(max_examples=25, deadline=None)
@@ -225,6 +338,19 @@ def test_real_routers_on_a_trace_prefix(name: str) -> None:
     assert sum(res.served) == 300
     assert res.decision_us_p50 > 0
     check_clean(sim)
+
+
+@pytest.mark.parametrize("name", ["approx", "exact"])
+def test_build_router_gives_prefix_routers_the_sims_clock_and_service(name: str) -> None:
+    # Regression: the options were looked up on the subclass's own signature only, so the
+    # prefix routers silently ran on the wall clock and the default service model.
+    clock = SimClock()
+    h200 = SERVICE_PROFILES["h200"]
+    router = build_router(name, clock, service=h200)
+    assert router.clock is clock
+    assert router.scoring.service == h200 and router.scoring.tokens_per_block == 512
+    clock.now = 123.0
+    assert router.clock() == 123.0
 
 
 def test_exact_router_gets_events_and_wins_on_groups() -> None:
@@ -307,6 +433,10 @@ def test_cli_synthetic_table(capsys) -> None:
         (["--replicas", "2", "--capacity", "10", "--load", "-1"], "--load"),
         (["--replicas", "2", "--capacity", "10", "--load", "1", "--rate", "2"], "--rate"),
         (["--replicas", "2", "--capacity", "10", "--load", "1"], "--load"),
+        (["--replicas", "2", "--capacity", "10", "--token-budget", "64"], "--token-budget"),
+        (["--replicas", "2", "--capacity", "10", "--prefill-per-token", "-1"], "--prefill"),
+        (["--replicas", "2", "--capacity", "10", "--profile", "tpu"], "--profile"),
+        (["--replicas", "2", "--capacity", "10", "--service", "fast"], "--service"),
     ],
 )
 def test_cli_bad_flags_exit_2_with_one_line(capsys, tmp_path, argv, needle) -> None:
@@ -343,6 +473,26 @@ def test_cli_load_paces_arrivals_to_the_cacheless_utilization(capsys) -> None:
         assert code == 0
         ttft[load] = json.loads(out)["round_robin"]["ttft_p90"]
     assert ttft["4"] > 2 * ttft["1"]
+
+
+def test_cli_service_profile_and_cost_flags_reach_the_simulator(capsys) -> None:
+    """--service picks the discipline, --profile the costs, a cost flag overrides one
+    figure; the JSON says which service ran and reports the measured utilisation."""
+    base = ["route-sim", "--synthetic", "groups", "--requests", "64", "--replicas", "2"]
+    base += ["--capacity", "64", "--routers", "exact", "--json", "--no-progress"]
+    rows = {}
+    for name, extra in (
+        ("h200", []),
+        ("serial", ["--service", "serial", "--profile", "cpu"]),
+        ("slow", ["--prefill-per-token", "0.001"]),
+    ):
+        code, out, _ = run_cli(capsys, *base, *extra)
+        assert code == 0
+        rows[name] = strict_json(out)["exact"]
+    assert rows["h200"]["service"] == "batched" and rows["serial"]["service"] == "serial"
+    assert 0 < rows["h200"]["utilisation"] <= 1 and rows["h200"]["max_mean_utilisation"] >= 1
+    assert rows["slow"]["ttft_p50"] > 5 * rows["h200"]["ttft_p50"]  # 1 ms a token, not 50 us
+    assert rows["serial"]["ttft_p50"] > rows["h200"]["ttft_p50"]  # the CPU profile
 
 
 def test_cli_missing_trace_exits_2(capsys, tmp_path) -> None:

@@ -3,9 +3,9 @@ decisions (the Gateway API inference extension's prefix-cache proposal).
 
 Routing a request to a replica records its chained hashes
 (:func:`~radixkv.fleet.chain.chain_hashes`) there; a per-replica LRU sized like
-the replica's pool, a global cap on entries and a TTL stand in for the
-replica's own eviction. Times come from an injectable clock; an explicit
-``now`` must never go back. Not thread-safe.
+the replica's pool and a global cap on entries stand in for the
+replica's own eviction; an optional TTL adds a wall-clock bound. Times come
+from an injectable clock; an explicit ``now`` must never go back. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ class ApproxIndex(_Clocked):
     most its capacity (``set_capacity``, the replica's pool in blocks; 0 means
     unknown and falls back to ``default_capacity_blocks``; None there leaves
     only the global bound). Over all replicas at most ``max_entries`` (hash,
-    replica) entries are kept, the fleet's oldest dropped first. An entry not
-    routed to for more than ``ttl`` seconds expires.
+    replica) entries are kept, the fleet's oldest dropped first. So what it
+    remembers of a replica is what that replica's own LRU pool can still hold
+    of what was routed there. ``ttl`` (None by default: no wall-clock bound)
+    expires an entry not routed to for that many seconds.
 
     A request's hashes are touched deepest first, so a block is always more
     recent than every block after it in any chain recorded, and every drop
@@ -64,13 +66,13 @@ class ApproxIndex(_Clocked):
     def __init__(
         self,
         *,
-        ttl: float = 300.0,
+        ttl: float | None = None,
         max_entries: int = 1_000_000,
         default_capacity_blocks: int | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(clock)
-        self.ttl = _check_positive("ttl", ttl)
+        self.ttl = math.inf if ttl is None else _check_positive("ttl", ttl)
         self.max_entries = _check_count("max_entries", max_entries)
         self.default_capacity_blocks = _check_optional_count(
             "default_capacity_blocks", default_capacity_blocks

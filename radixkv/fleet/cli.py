@@ -19,7 +19,8 @@ import math
 import os
 
 from radixkv.fleet.sim import (
-    ServiceModel,
+    SERVICE_PROFILES,
+    BatchConfig,
     SimClock,
     SimRequest,
     build_router,
@@ -53,6 +54,8 @@ _COLUMNS = (
     "ttft_p99",
     "max_mean_load",
     "max_mean_busy",
+    "utilisation",
+    "max_mean_utilisation",
     "regret",
     "decision_us_p50",
     "decision_us_p99",
@@ -180,24 +183,39 @@ def run_route_sim(args: argparse.Namespace) -> int:
         return reqs
     if args.synthetic and args.limit:
         reqs = reqs[: args.limit]
-    service = ServiceModel()
+    service = SERVICE_PROFILES[args.profile].replace(
+        prefill_per_token=args.prefill_per_token,
+        attention_per_key=args.attention_per_key,
+        decode_per_token=args.decode_per_token,
+        step_overhead=args.step_overhead,
+    )
+    batch = None
+    if args.service == "batched":
+        if args.token_budget <= args.max_num_seqs:
+            return fail(
+                PROG,
+                f"--token-budget ({args.token_budget}) must exceed --max-num-seqs "
+                f"({args.max_num_seqs})",
+            )
+        batch = BatchConfig(args.token_budget, args.max_num_seqs)
     rate = args.rate
     if args.load is not None:
-        busy = offered_load(reqs, service, args.replicas)
+        busy = offered_load(reqs, service, args.replicas, batch=batch)
         if not busy > 0 or busy == float("inf"):
             return fail(PROG, "--load needs at least two requests with distinct arrival times")
         rate = args.load / busy
     baseline = single_cache_hit_rate(reqs, args.capacity * args.replicas, eviction=args.eviction)
     results: dict[str, dict] = {}
     for name in routers:
-        clock = SimClock(scale=rate)
-        router = build_router(name, clock, seed=args.seed)
+        clock = SimClock()
+        router = build_router(name, clock, seed=args.seed, service=service)
         res = simulate(
             reqs,
             router,
             num_replicas=args.replicas,
             capacity_blocks=args.capacity,
             service=service,
+            batch=batch,
             rate=rate,
             event_delay=args.event_delay,
             eviction=args.eviction,
@@ -227,7 +245,8 @@ def run_route_sim(args: argparse.Namespace) -> int:
     width = max(len("router"), *(len(n) for n in routers))
     print(
         f"single cache with the fleet's capacity ({args.capacity * args.replicas} blocks): "
-        f"hit rate {baseline:.4f}"
+        f"hit rate {baseline:.4f}; {args.service} service, {args.profile} profile, "
+        f"offered load {results[routers[0]]['offered_load']:.3g}"
     )
     print(f"{'router':<{width}} " + " ".join(f"{c:>12}" for c in ("vs_single", *_COLUMNS)))
     for name, row in results.items():
@@ -257,9 +276,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "route-sim",
         help="compare routers on a simulated fleet of radix caches (a trace or synthetic)",
-        description="Simulate N replicas, each a radix cache with a FIFO queue and a service "
-        "model calibrated on SmolLM2-135M on a CPU, behind each router in turn; print one row "
-        "per router (hit rate, TTFT, load balance, regret, decision time).",
+        description="Simulate N replicas, each a radix cache with a FIFO queue and a calibrated "
+        "service model (batched: continuous batching with chunked prefill; serial: one request "
+        "at a time), behind each router in turn; print one row per router (hit rate, TTFT, load "
+        "balance, measured utilisation, regret, decision time).",
     )
     one_line_errors(p)
     p.add_argument("trace", nargs="?", help="Mooncake JSONL trace (or give --synthetic)")
@@ -283,7 +303,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--load",
         type=_positive_float,
         help="instead of --rate: pace arrivals so the fleet without a cache would be this "
-        "busy (1 = exactly busy, as benchmarks/bench_fleet.py runs)",
+        "busy (1 = exactly busy; the measured utilisation is reported beside it)",
+    )
+    p.add_argument(
+        "--service",
+        choices=("batched", "serial"),
+        default="batched",
+        help="batched: continuous batching with chunked prefill under --token-budget "
+        "(default); serial: one request at a time per replica",
+    )
+    p.add_argument(
+        "--profile",
+        choices=tuple(SERVICE_PROFILES),
+        default="h200",
+        help="per-token costs: h200 (radixkv's engine on an NVIDIA H200, default) or cpu "
+        "(SmolLM2-135M on a CPU); the four flags below override single figures",
+    )
+    for flag, what in (
+        ("--prefill-per-token", "seconds per computed prompt token"),
+        ("--attention-per-key", "seconds per (computed token, attended key)"),
+        ("--decode-per-token", "seconds per decode token (per sequence in a step)"),
+        ("--step-overhead", "seconds per batched step, whatever it holds"),
+    ):
+        p.add_argument(flag, type=_nonneg_float, help=f"{what} (default: the profile's)")
+    p.add_argument(
+        "--token-budget", type=positive_int, default=2048, help="batched: tokens per step"
+    )
+    p.add_argument(
+        "--max-num-seqs", type=positive_int, default=256, help="batched: sequences at once"
     )
     p.add_argument("--limit", type=positive_int, help="only the first N requests")
     p.add_argument(

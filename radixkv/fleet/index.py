@@ -11,12 +11,12 @@ Two indexes answer ``match(hashes) -> {replica_id: matched blocks}``:
 
 - :class:`ApproxIndex` learns from the router's own decisions (the Gateway API
   inference extension's prefix-cache proposal): routing a request to a replica
-  records its hashes there; a per-replica LRU sized like the replica's pool, a
-  global cap on entries and a TTL stand in for the replica's own eviction.
+  records its hashes there; a per-replica LRU sized like the replica's pool and
+  a global cap on entries stand in for the replica's own eviction.
 - :class:`ExactIndex` is fed each replica's KV events (``BlockStored``,
   ``BlockRemoved``, ``AllBlocksCleared``): it holds exactly what the replica
-  reported, plus short-lived *speculative* entries for requests just routed
-  there, until the replica's own events confirm them.
+  reported, plus *speculative* entries for the requests routed there, from the
+  decision until the replica's events confirm them or the request ends.
 
 Times come from an injectable clock (``time.monotonic`` by default); an
 explicit ``now`` must never go back. Not thread-safe.

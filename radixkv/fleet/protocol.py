@@ -74,7 +74,10 @@ class Router(Protocol):
         ...
 
     def on_finish(self, replica_id: Hashable, request: RouteRequest) -> None:
-        """``request``, sent to ``replica_id``, finished (or failed)."""
+        """``request``, sent to ``replica_id``, ended: finished, failed, or was aborted or
+        rejected before it ran. Call it exactly once per ``choose`` that placed it there,
+        with the same ``request_id``: the prefix-aware policies end the request's
+        speculative entries and its place in their queue estimate here."""
         ...
 
     def drop_replica(self, replica_id: Hashable) -> None:

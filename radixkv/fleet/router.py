@@ -7,16 +7,17 @@ sticks to its first replica) and ``chwbl`` (KubeAI's consistent hashing with
 bounded loads on the prompt's first block). Prefix-aware: ``approx`` (an
 :class:`~radixkv.fleet.approx.ApproxIndex` learned from its own decisions) and
 ``exact`` (an :class:`~radixkv.fleet.exact.ExactIndex` fed by the replicas' KV
-events, with speculative entries), both scored by :class:`LoadAwareScoring`.
+events, with speculative entries), both scored by
+:class:`~radixkv.fleet.scoring.TimeCostScoring` (expected time to first token).
 
 ``make_router(name, block_size=..., ...)`` builds one by name; ``ROUTERS``
 maps each name to its class. Every class takes the keywords ``block_size``,
 ``hasher`` and ``seed`` (see :func:`make_router`) plus its own options. Every
 policy reads load from the ``ReplicaState`` it is given (the caller keeps
 ``in_flight`` current) and keeps no request count of its own; the
-prefix-aware ones also sum the prompt blocks of the requests they have in
-flight per replica (``choose`` adds, ``on_finish`` subtracts) to size the
-decode load. Not thread-safe: one caller, or one lock around each call.
+prefix-aware ones also keep a backlog of predicted prefill seconds per
+replica (``choose`` adds, ``on_finish`` settles). Not thread-safe: one
+caller, or one lock around each call.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,6 +39,8 @@ from radixkv.fleet.chain import chain_hashes
 from radixkv.fleet.exact import ExactIndex
 from radixkv.fleet.index_base import Clock
 from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
+from radixkv.fleet.scoring import Backlog, TimeCostScoring
+from radixkv.fleet.service import ServiceModel, service_model
 
 __all__ = [
     "ROUTERS",
@@ -46,7 +48,6 @@ __all__ = [
     "CHWBLRouter",
     "ExactPrefixRouter",
     "LeastLoadedRouter",
-    "LoadAwareScoring",
     "PowerOfTwoRouter",
     "RoundRobinRouter",
     "SessionRouter",
@@ -314,161 +315,99 @@ class CHWBLRouter(_BaseRouter):
         self._members.discard(replica_id)
 
 
-@dataclass(frozen=True)
-class LoadAwareScoring:
-    """How the prefix-aware routers weigh a cached prefix against load.
-
-    1. **Filter**: a replica is a candidate when its ``in_flight`` is at most
-       ``max_load_gap`` above the least loaded one's and its ``kv_usage`` is at
-       most ``kv_usage_threshold``; when none is, all are.
-    2. **Minimum gain**: when the best candidate's cached prefix beats the
-       least loaded candidate's by fewer than ``min_gain_blocks`` blocks,
-       affinity is not worth it: the least loaded candidate wins.
-    3. **Cost** (NVIDIA Dynamo's KV router, in blocks): for a request of ``n``
-       full blocks, ``m`` of them cached on the replica,
-       ``cost = prefill_weight * (n - m) + (decode + n - m)``: the blocks to
-       prefill, plus the blocks the replica will be decoding over once it
-       holds this request (its cached prefix is shared, not added). ``decode``
-       is ``in_flight`` times the mean prompt blocks of the requests this
-       router has in flight there (tracked through ``choose`` and
-       ``on_finish``; where it has none, the router-wide running mean, an
-       exponential average with weight 1/32).
-       Lowest cost wins; ties by fewer in flight, fewer waiting, first given.
-
-    The defaults (a gap of 2, a gain of 1 block, a weight of 256: load as a
-    tight constraint, then the longest cached prefix) are measured on both
-    Mooncake traces by ``benchmarks/bench_fleet.py --sweep``; docs/fleet.md
-    has the table and why a loose filter or a weight of 1 loses.
-    """
-
-    prefill_weight: float = 256.0
-    min_gain_blocks: int = 1
-    max_load_gap: int = 2
-    kv_usage_threshold: float = 0.95
-
-    def __post_init__(self) -> None:
-        w = self.prefill_weight
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
-            raise ValueError(f"prefill_weight must be a number >= 0, got {w!r}")
-        _check_int("min_gain_blocks", self.min_gain_blocks, 0)
-        _check_int("max_load_gap", self.max_load_gap, 0)
-        t = self.kv_usage_threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
-            raise ValueError(f"kv_usage_threshold must be a number >= 0, got {t!r}")
-
-    def pick(
-        self,
-        replicas: Sequence[ReplicaState],
-        matched: dict[Hashable, int],
-        num_blocks: int,
-        decode_blocks: Callable[[ReplicaState], float],
-    ) -> ReplicaState:
-        """The replica to route to, given each one's ``matched`` leading blocks (missing: 0) of a
-        request of ``num_blocks`` and its ``decode_blocks``. O(replicas)."""
-        limit = min([r.in_flight for r in replicas]) + self.max_load_gap
-        kv = self.kv_usage_threshold
-        eligible = [r for r in replicas if r.in_flight <= limit and r.kv_usage <= kv] or replicas
-        least = _least_loaded(eligible)
-        if not matched:
-            return least
-        get = matched.get
-        weight = self.prefill_weight + 1.0  # prefill, and the same new blocks joining the decode
-        best, best_cost, best_match = least, math.inf, 0
-        for r in eligible:
-            m = get(r.replica_id, 0)
-            if m > best_match:
-                best_match = m
-            cost = weight * (num_blocks - m)
-            if r.in_flight > 0:
-                cost += decode_blocks(r)
-            if cost < best_cost or (
-                cost == best_cost
-                and (
-                    r.in_flight < best.in_flight
-                    or (r.in_flight == best.in_flight and r.waiting < best.waiting)
-                )
-            ):
-                best, best_cost = r, cost
-        if best_match - get(least.replica_id, 0) < self.min_gain_blocks:
-            return least
-        return best
-
-
 class _PrefixRouter(_BaseRouter):
-    """A prefix index plus :class:`LoadAwareScoring`; the subclasses say how it learns."""
+    """A prefix index plus :class:`~radixkv.fleet.scoring.TimeCostScoring`; the subclasses say
+    how the index learns.
+
+    Options: ``service`` (a :class:`~radixkv.fleet.service.ServiceModel` or a
+    profile name, ``"cpu"`` or ``"h200"``: the replicas' costs, in the
+    ``clock``'s seconds), ``tokens_per_block`` (real tokens a block; default
+    ``block_size``), ``externality`` (``"extra"``), ``load_factor`` and
+    ``min_gain_blocks`` (both off), ``clock``.
+    """
 
     index: ApproxIndex | ExactIndex
 
     def __init__(
         self,
         *,
-        prefill_weight: float = 256.0,
-        min_gain_blocks: int = 1,
-        max_load_gap: int = 2,
-        kv_usage_threshold: float = 0.95,
+        service: ServiceModel | str = "cpu",
+        tokens_per_block: int | None = None,
+        load_factor: float | None = None,
+        min_gain_blocks: int = 0,
+        externality: str = "extra",
+        clock: Clock = time.monotonic,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.scoring = LoadAwareScoring(
-            prefill_weight, min_gain_blocks, max_load_gap, kv_usage_threshold
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        self.clock = clock
+        self.scoring = TimeCostScoring(
+            service_model(service),
+            self.block_size if tokens_per_block is None else tokens_per_block,
+            load_factor,
+            min_gain_blocks,
+            externality,
         )
-        self._blocks: dict[Hashable, int] = {}  # replica -> prompt blocks of its requests in flight
-        self._requests: dict[Hashable, int] = {}  # replica -> its requests in flight (ours)
-        self._mean_blocks: float | None = None  # running mean of routed requests' prompt blocks
+        self.backlog = Backlog()
+        self._taken: dict[Hashable, int] = {}  # replica -> new (uncached) blocks routed there
+        self._turn = 0
 
-    def _decode_blocks(self, replica: ReplicaState) -> float:
-        k = replica.in_flight
-        if k <= 0:
-            return 0.0
-        c = self._requests.get(replica.replica_id, 0)
-        if c:
-            return k * self._blocks[replica.replica_id] / c
-        return k * (self._mean_blocks or 0.0)
+    def _fill(self, replica: ReplicaState) -> float:
+        """The fraction of ``replica``'s pool the index says is in use (blocks if no capacity)."""
+        raise NotImplementedError
 
-    def _learn(self, replica: ReplicaState, hashes: list[int]) -> None:
+    def _learn(self, replica: ReplicaState, hashes: list[int], request: RouteRequest) -> None:
         raise NotImplementedError
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Hashable:
-        """Hash the prompt once, match it in the index, score, then enter the decision in the
-        index with the same hashes. ``ValueError`` if ``replicas`` is empty.
+        """Hash the prompt once, match it in the index, pick the lowest expected time to first
+        token, then enter the decision in the index (same hashes) and the backlog.
+        ``ValueError`` if ``replicas`` is empty.
         Complexity: O(prompt tokens + replicas) plus the index's match and update."""
         _check_replicas(replicas)
         hashes = chain_hashes(self.hasher, request.tokens, self.block_size, request.namespace)
         n = len(hashes)
-        if self._mean_blocks is None:
-            self._mean_blocks = float(n)
-        chosen = self.scoring.pick(replicas, self.index.match(hashes), n, self._decode_blocks)
-        self._learn(chosen, hashes)
+        now = self.clock()
+        matched = self.index.match(hashes)
+        taken = self._taken
+        chosen, own = self.scoring.pick(
+            replicas,
+            matched,
+            n,
+            self.backlog,
+            now,
+            self._fill,
+            lambda r: taken.get(r.replica_id, 0),
+            self._turn,
+        )
+        self._turn += 1
         rid = chosen.replica_id
-        self._blocks[rid] = self._blocks.get(rid, 0) + n
-        self._requests[rid] = self._requests.get(rid, 0) + 1
-        self._mean_blocks += (n - self._mean_blocks) / 32.0
+        self._learn(chosen, hashes, request)
+        self.backlog.add(rid, request.request_id, own, now)
+        taken[rid] = taken.get(rid, 0) + n - matched.get(rid, 0)
         return rid
 
     def on_finish(self, replica_id: Hashable, request: RouteRequest) -> None:
-        """Take ``request``'s blocks off ``replica_id``'s decode estimate. O(1)."""
-        c = self._requests.get(replica_id, 0)
-        if c <= 1:
-            self._requests.pop(replica_id, None)
-            self._blocks.pop(replica_id, None)
-            return
-        self._requests[replica_id] = c - 1
-        n = len(request.tokens) // self.block_size
-        self._blocks[replica_id] = max(0, self._blocks[replica_id] - n)
+        """``request`` (and what was routed to ``replica_id`` before it) is past prefill. O(1)
+        amortized."""
+        self.backlog.done(replica_id, request.request_id, self.clock())
 
     def drop_replica(self, replica_id: Hashable) -> None:
-        """Forget the replica in the index and the load estimate. O(its index entries)."""
+        """Forget the replica in the index and the backlog. O(its index entries)."""
         self.index.drop_replica(replica_id)
-        self._blocks.pop(replica_id, None)
-        self._requests.pop(replica_id, None)
+        self.backlog.drop(replica_id)
+        self._taken.pop(replica_id, None)
 
 
 class ApproxPrefixRouter(_PrefixRouter):
     """Prefix-aware on an :class:`ApproxIndex` of its own decisions (no events needed).
 
-    Options: the index's ``ttl``, ``max_entries``, ``default_capacity_blocks``
-    and ``clock``, and :class:`LoadAwareScoring`'s. Each replica's LRU is sized
-    from ``ReplicaState.capacity_blocks`` when it is chosen. Events are ignored.
+    Options: the index's ``ttl`` (None: no wall-clock bound), ``max_entries``
+    and ``default_capacity_blocks``, and the scoring's (:class:`_PrefixRouter`).
+    Each replica's LRU is sized from ``ReplicaState.capacity_blocks`` when it
+    is chosen. Events are ignored.
     """
 
     name = "approx"
@@ -476,10 +415,9 @@ class ApproxPrefixRouter(_PrefixRouter):
     def __init__(
         self,
         *,
-        ttl: float = 300.0,
+        ttl: float | None = None,
         max_entries: int = 1_000_000,
         default_capacity_blocks: int | None = None,
-        clock: Clock = time.monotonic,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -487,10 +425,14 @@ class ApproxPrefixRouter(_PrefixRouter):
             ttl=ttl,
             max_entries=max_entries,
             default_capacity_blocks=default_capacity_blocks,
-            clock=clock,
+            clock=self.clock,
         )
 
-    def _learn(self, replica: ReplicaState, hashes: list[int]) -> None:
+    def _fill(self, replica: ReplicaState) -> float:
+        n = self.index.num_entries(replica.replica_id)
+        return n / replica.capacity_blocks if replica.capacity_blocks > 0 else float(n)
+
+    def _learn(self, replica: ReplicaState, hashes: list[int], request: RouteRequest) -> None:
         self.index.set_capacity(replica.replica_id, replica.capacity_blocks)
         self.index.record(replica.replica_id, hashes)
 
@@ -499,25 +441,44 @@ class ExactPrefixRouter(_PrefixRouter):
     """Prefix-aware on an :class:`ExactIndex` of the replicas' KV events.
 
     ``hasher`` must be the replicas' (recipe and seed), else nothing matches.
-    After each decision the request's hashes are speculative on the chosen
-    replica for ``spec_ttl`` seconds (its events confirm them). Options:
-    ``spec_ttl``, ``clock`` and :class:`LoadAwareScoring`'s.
+    After each decision the request's hashes count as held on the chosen
+    replica (speculative until its events report them) until ``on_finish`` ends the request
+    (finished, failed or aborted: call it once per ``choose``, with the same
+    ``request_id``). Options: the index's ``spec_ttl`` (None: the safety net
+    derived from observed lifetimes) and ``spec_ttl_factor``, and the
+    scoring's (:class:`_PrefixRouter`).
     """
 
     name = "exact"
 
     def __init__(
-        self, *, spec_ttl: float = 2.0, clock: Clock = time.monotonic, **kwargs: Any
+        self, *, spec_ttl: float | None = None, spec_ttl_factor: float = 4.0, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.index = ExactIndex(spec_ttl=spec_ttl, block_size=self.block_size, clock=clock)
+        self.index = ExactIndex(
+            spec_ttl=spec_ttl,
+            spec_ttl_factor=spec_ttl_factor,
+            block_size=self.block_size,
+            clock=self.clock,
+        )
 
-    def _learn(self, replica: ReplicaState, hashes: list[int]) -> None:
-        self.index.speculate(replica.replica_id, hashes)
+    def _fill(self, replica: ReplicaState) -> float:
+        n = self.index.num_blocks(replica.replica_id)
+        return n / replica.capacity_blocks if replica.capacity_blocks > 0 else float(n)
+
+    def _learn(self, replica: ReplicaState, hashes: list[int], request: RouteRequest) -> None:
+        self.index.set_capacity(replica.replica_id, replica.capacity_blocks)
+        self.index.speculate(replica.replica_id, hashes, request.request_id)
 
     def on_events(self, replica_id: Hashable, events: Sequence[KVCacheEvent]) -> None:
         """Apply ``replica_id``'s events to the index (see :meth:`ExactIndex.apply`)."""
         self.index.apply(replica_id, events)
+
+    def on_finish(self, replica_id: Hashable, request: RouteRequest) -> None:
+        """End ``request``'s speculation on ``replica_id`` (what its events did not report
+        goes) and its place in the backlog. O(its blocks)."""
+        super().on_finish(replica_id, request)
+        self.index.release(replica_id, request.request_id)
 
 
 ROUTERS: dict[str, Callable[..., Router]] = {

@@ -1,10 +1,10 @@
 """A discrete-event fleet simulator: N replicas with real radix caches, one router in front.
 
-Each replica is a real :class:`~radixkv.cache.radix.RadixCache` (``"lru"``
-eviction by default) over its own ``BlockAllocator(capacity_blocks,
-block_size)``, with KV events on when the cache supports them (hashed with
-:data:`FLEET_HASHER`; build the router with the same hasher, as
-:func:`build_router` does), its own FIFO queue and a :class:`ServiceModel`.
+Each replica (:class:`~radixkv.fleet.replica.Replica`) is a real
+:class:`~radixkv.cache.radix.RadixCache` (``"lru"`` eviction by default) over
+its own ``BlockAllocator(capacity_blocks, block_size)``, with KV events on
+(hashed with :data:`FLEET_HASHER`; build the router with the same hasher, as
+:func:`build_router` does), a FIFO queue and a :class:`ServiceModel`.
 
 **Units.** A Mooncake trace names each 512-token block of a prompt by one hash
 id; the simulator treats each id as one token of the caches (block size 1), as
@@ -14,46 +14,51 @@ in trace blocks, and time figures (the service model) in real tokens:
 ``min(hit_ids * 512, input_length)`` (the partial last block capped), exactly
 replay's ``hit_tokens``.
 
-**Service (kept simple).** A replica serves one request at a time, FIFO (no
-batching, no chunked prefill, no preemption). At service start the cache
-``match``es the prompt (the hit), the rest is computed: the pool is topped up
-by ``evict``ing the shortfall, the whole prompt (as much as fits) is
-``insert``ed, and the request's own references are released at once (the tree
-keeps the blocks), as ``radixkv.replay``'s radix replayer does. The replica is
-then busy for ``prefill + decode`` seconds; TTFT is queue wait + prefill.
-Because a replica is serial, inserting at start rather than at the end of
-prefill changes nothing any later request on that replica can see.
+**Service.** Two disciplines (:mod:`radixkv.fleet.replica`):
 
-**Events.** After each service start the cache's pending events go to
+- *serial* (``batch=None``): one request at a time, FIFO, busy for prefill +
+  decode; the cache step (match, evict, insert, release) runs when the
+  request starts, as ``radixkv.replay``'s radix replayer does, so one replica
+  equals one replayed cache. TTFT is queue wait + prefill.
+- *batched* (a :class:`BatchConfig`): continuous batching with chunked
+  prefill under a token budget; admitted requests hold their blocks until they
+  finish, and a request waits while the cache cannot hold it. TTFT is the end
+  of its prefill's last chunk.
+
+**Events.** After each cache step the replica's pending events go to
 ``router.on_events`` at once, or ``event_delay`` simulated seconds later (the
-publish gap that speculative entries cover). Routers with a clock (``approx``'s
-TTL, ``exact``'s speculative TTL) read the simulation's :class:`SimClock`.
+publish gap that speculative entries cover). When a request finishes, the
+router hears ``on_finish``. Routers with a clock read the simulation's
+:class:`SimClock` (simulated seconds).
 
 **Metrics** (:class:`SimResult`): fleet token hit rate, modelled TTFT
-percentiles, load balance, Dynamo's regret (from ``peek`` on every replica at
-decision time) and the measured wall time of every ``choose`` call.
+percentiles, load balance, the offered load and the measured utilisation,
+Dynamo's regret (from ``peek`` on every replica at decision time) and the
+measured wall time of every ``choose`` call.
 """
 
 from __future__ import annotations
 
 import heapq
 import inspect
+import math
 import time
-from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.events import ChainHasher, KVCacheEvent
-from radixkv.cache.radix import RadixCache
-from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
+from radixkv.cache.events import KVCacheEvent
+from radixkv.fleet.protocol import Router, RouteRequest
+from radixkv.fleet.replica import FLEET_HASHER, Replica, make_schedulers
+from radixkv.fleet.service import SERVICE_PROFILES, BatchConfig, ServiceModel
 from radixkv.replay.trace import MOONCAKE_BLOCK_SIZE, Trace
 
 __all__ = [
     "FLEET_HASHER",
+    "SERVICE_PROFILES",
+    "BatchConfig",
     "FleetSim",
     "Replica",
     "ServiceModel",
@@ -66,60 +71,6 @@ __all__ = [
     "simulate",
     "single_cache_hit_rate",
 ]
-
-FLEET_HASHER = ChainHasher("xxhash", seed=0)
-"""The chain hash every simulated replica names its blocks with (routers must use it too)."""
-
-
-# --------------------------------------------------------------------------- service model
-@dataclass(frozen=True)
-class ServiceModel:
-    """Seconds a replica spends on a request, from its token counts (real tokens).
-
-    - prefill of a prompt of ``P`` tokens whose first ``h`` are cached:
-      ``a * u + b * keys`` with ``u = P - h`` computed tokens and
-      ``keys = sum_{p=h}^{P-1} (p + 1) = u * (P + h + 1) / 2`` the keys they
-      attend over (each uncached token times its mean context);
-    - decode: ``c * output_tokens``.
-
-    **Calibration** (the defaults): SmolLM2-135M on this repo's CPU, 1 thread,
-    ``benchmarks/results/bench_engine_smollm2.csv`` (docs/engine.md): cache
-    off, 96 requests computing 64,887 prompt tokens + 1,536 decode tokens took
-    251.6 s for 15,693.7 GFLOP as ``bench_engine.model_flops`` counts them:
-    16.0 ps/FLOP (62.4 GFLOP/s). ``model_flops`` charges SmolLM2 (hidden 576,
-    30 layers, 9 query heads of 64, MLP 1,536) 2 x 3,538,944 x 30 = 212.3
-    MFLOP of linear layers per token and 4 x 576 x 30 = 69,120 FLOP per
-    (token, key) of attention. So ``a`` = 212.3e6 x 16.03e-12 = 3.40 ms per
-    computed token, ``b`` = 69,120 x 16.03e-12 = 1.11 us per key. A decode
-    token costs one token's linear layers at the same rate (``c = a``; its
-    attention over ~12k keys would add ~13 ms at the same rate, but decode
-    in a real engine is batched, so the linear cost is the honest marginal
-    figure for a request served alone). Cross-check: the same constants put
-    the cached run (8,231 computed tokens) at 2,476 GFLOP x 16.03 ps = 39.7 s
-    against 47.3 s measured (its smaller steps run the CPU less efficiently).
-    """
-
-    prefill_per_token: float = 3.40e-3
-    attention_per_key: float = 1.11e-6
-    decode_per_token: float = 3.40e-3
-
-    def __post_init__(self) -> None:
-        for name in ("prefill_per_token", "attention_per_key", "decode_per_token"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise ValueError(f"{name} must be a number >= 0, got {v!r}")
-
-    def prefill(self, prompt_tokens: int, hit_tokens: int) -> float:
-        """Seconds to prefill ``prompt_tokens`` of which the first ``hit_tokens`` are cached."""
-        u = prompt_tokens - hit_tokens
-        if u <= 0:
-            return 0.0
-        keys = u * (prompt_tokens + hit_tokens + 1) / 2.0
-        return self.prefill_per_token * u + self.attention_per_key * keys
-
-    def decode(self, output_tokens: int) -> float:
-        """Seconds to decode ``output_tokens`` tokens."""
-        return self.decode_per_token * output_tokens
 
 
 # --------------------------------------------------------------------------- requests
@@ -175,18 +126,29 @@ def offered_load(
     service: ServiceModel,
     num_replicas: int,
     rate: float = 1.0,
+    batch: BatchConfig | None = None,
 ) -> float:
-    """The fleet's utilization with no cache at all: total service time / (span x replicas).
+    """The fleet's utilisation with no cache at all: total work / (span x replicas).
 
-    ``span`` is the arrival span at ``rate``. Above 1 only caching keeps queues
+    A request's work is its service time alone (serial: prefill + decode) or
+    its share of a saturated batched replica (``BatchConfig.work``). ``span``
+    is the arrival span at ``rate``. Above 1 only caching keeps queues
     bounded. A benchmark picks ``rate = target / offered_load(..., rate=1)``.
     """
     reqs = _as_requests(requests)
     if len(reqs) < 2:
         return 0.0
-    work = sum(service.prefill(r.prompt_tokens, 0) + service.decode(r.output_tokens) for r in reqs)
+    work = sum(_work(service, batch, r.prompt_tokens, 0, r.output_tokens) for r in reqs)
     span = (max(r.arrival for r in reqs) - min(r.arrival for r in reqs)) / rate
     return work / (span * num_replicas) if span > 0 else float("inf")
+
+
+def _work(
+    service: ServiceModel, batch: BatchConfig | None, prompt: int, hit: int, output: int
+) -> float:
+    if batch is None:
+        return service.prefill(prompt, hit) + service.decode(output)
+    return batch.work(service, prompt, hit, output)
 
 
 # --------------------------------------------------------------------------- clock / routers
@@ -194,10 +156,9 @@ class SimClock:
     """The simulation's clock, for routers that take a ``clock`` callable: ``now * scale``.
 
     The simulator sets ``now`` (simulated seconds). ``scale`` lets a router's
-    TTLs run in another time base: with ``scale=rate`` they run in *trace*
-    seconds, so when a slow service model is met by slowing the arrivals
-    (``rate < 1``), a 2 s speculative TTL still spans what 2 s of the original
-    traffic did.
+    clock run in another time base (``scale=rate``: trace seconds). The
+    prefix-aware routers' queue estimates are in simulated seconds, so
+    :func:`build_router`'s callers keep the default 1.
     """
 
     __slots__ = ("now", "scale")
@@ -213,15 +174,32 @@ class SimClock:
 
 
 def build_router(
-    name: str, clock: SimClock, *, block_size: int = 1, seed: int = 0, **options: Any
+    name: str,
+    clock: SimClock,
+    *,
+    block_size: int = 1,
+    seed: int = 0,
+    service: ServiceModel | None = None,
+    tokens_per_id: int = MOONCAKE_BLOCK_SIZE,
+    **options: Any,
 ) -> Router:
-    """``make_router(name, ...)`` for the simulator: :data:`FLEET_HASHER`, and ``clock``
-    passed to the policies that take one (so their TTLs run in simulated seconds)."""
+    """``make_router(name, ...)`` for the simulator: :data:`FLEET_HASHER`; ``clock`` to the
+    policies that take one (so their clocks run in simulated seconds); and to the policies
+    that score in time, the simulator's ``service`` model (default: ``ServiceModel()``) and
+    ``tokens_per_block`` = ``block_size * tokens_per_id`` real tokens per block."""
     from radixkv.fleet.router import ROUTERS, make_router
 
     factory = ROUTERS.get(name)
-    if factory is not None and "clock" in inspect.signature(factory).parameters:
-        options.setdefault("clock", clock)
+    if factory is not None:
+        params: set[str] = set()  # the keywords of its __init__ and every base's
+        for cls in factory.__mro__:
+            if "__init__" in vars(cls):
+                params.update(inspect.signature(vars(cls)["__init__"]).parameters)
+        if "clock" in params:
+            options.setdefault("clock", clock)
+        if "service" in params:
+            options.setdefault("service", service if service is not None else ServiceModel())
+            options.setdefault("tokens_per_block", block_size * tokens_per_id)
     return make_router(name, block_size=block_size, hasher=FLEET_HASHER, seed=seed, **options)
 
 
@@ -231,20 +209,25 @@ class SimResult:
     """What one simulated run measured (see the module docstring for the definitions).
 
     - ``hit_rate``: hit tokens / prompt tokens over all requests (real tokens);
-    - ``ttft_*``: modelled TTFT (queue wait + prefill), seconds;
+    - ``ttft_*``: modelled TTFT, seconds;
     - ``max_mean_load``: max over replicas of requests served / the mean;
-      ``max_mean_busy``: the same for busy seconds;
+      ``max_mean_busy``: the same for the time each had anything running;
+    - ``offered_load``: the fleet's utilisation with no cache (:func:`offered_load`);
+      ``utilisation``: measured, each replica's work / the makespan, averaged
+      over replicas (serial: busy time; batched: ``BatchConfig.work`` summed
+      over what it computed); ``max_mean_utilisation``: max over replicas / mean;
     - ``regret``: NVIDIA Dynamo's, ``lost / (novel + lost)`` in blocks, where per
       request ``lost`` = best replica's cached overlap - the chosen one's and
       ``novel`` = prompt blocks - best overlap, both at decision time (``peek``);
     - ``decision_us_p50`` / ``_p99``: measured wall time of ``choose``, microseconds;
     - ``index_memory_bytes``: the router's (or its index's) ``memory_bytes()``, else 0.
 
-    Per-request arrays (``replica``, ``hit_tokens``, ``ttft``) are kept for
+    Per-request arrays (``replica``, ``hit_ids``, ``ttft``) are kept for
     inspection; ``to_dict`` leaves them out.
     """
 
     router: str
+    service: str
     num_replicas: int
     capacity_blocks: int
     num_requests: int
@@ -257,6 +240,9 @@ class SimResult:
     ttft_mean: float
     max_mean_load: float
     max_mean_busy: float
+    offered_load: float
+    utilisation: float
+    max_mean_utilisation: float
     regret: float
     lost_blocks: int
     novel_blocks: int
@@ -279,60 +265,84 @@ class SimResult:
 
 
 # --------------------------------------------------------------------------- the simulator
-class Replica:
-    """One simulated replica: its allocator, cache, FIFO queue and counters."""
-
-    __slots__ = (
-        "allocator",
-        "busy",
-        "busy_time",
-        "cache",
-        "capacity_blocks",
-        "queue",
-        "served",
-        "state",
-    )
-
-    def __init__(self, rid: int, capacity_blocks: int, block_size: int, eviction: str) -> None:
-        self.allocator = BlockAllocator(capacity_blocks, block_size)
-        self.cache = RadixCache(self.allocator, eviction=eviction, events=FLEET_HASHER)
-        self.capacity_blocks = capacity_blocks
-        self.queue: deque[int] = deque()
-        self.busy = False
-        self.busy_time = 0.0
-        self.served = 0
-        self.state = ReplicaState(rid, capacity_blocks=capacity_blocks)
-
-    def take_events(self) -> list[KVCacheEvent]:
-        return self.cache.take_events()
-
-    def serve(self, tokens: np.ndarray, namespace: Hashable = None) -> int:
-        """Match, compute, insert, release (radix replay's step); return the hit in cache tokens."""
-        alloc, cache = self.allocator, self.cache
-        bs = alloc.block_size
-        m = cache.match(tokens, namespace)
-        matched = len(m.block_array)
-        need = len(tokens) // bs - matched
-        if need > 0:
-            if alloc.num_free < need:
-                cache.evict(need - alloc.num_free)
-            new = alloc.alloc_array(min(need, alloc.num_free))
-            if len(new):
-                blocks = np.concatenate((m.block_array, new))
-                cache.insert(tokens[: (matched + len(new)) * bs], blocks, namespace)
-                alloc.decref_distinct(blocks)
-                return m.num_tokens
-        alloc.decref_distinct(m.block_array)
-        return m.num_tokens
+_WAKE, _DELIVER, _ARRIVE = 0, 1, 2  # same-time order: advance replicas, inform, then route
 
 
-_FINISH, _DELIVER, _ARRIVE = 0, 1, 2  # same-time order: free a replica, inform, then route
+class _Run:
+    """One run's state: the per-request arrays, the event heap, and what schedulers call."""
+
+    def __init__(self, sim: FleetSim, reqs: list[SimRequest], router: Router, rate: float) -> None:
+        n = len(reqs)
+        self.sim, self.reqs, self.router, self.rate = sim, reqs, router, rate
+        self.service = sim.service
+        self.states = [r.state for r in sim.replicas]
+        self.replica_of = np.full(n, -1, dtype=np.int64)
+        self.hit_ids = np.zeros(n, dtype=np.int64)
+        self.ttft = np.zeros(n, dtype=np.float64)
+        self.route_reqs: list[RouteRequest | None] = [None] * n
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.version = [0] * len(sim.replicas)
+        self.delivered = 0
+        self.finished = 0
+        self.bar: Any = None
+
+    def push(self, t: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self.heap, (t, kind, self.seq, payload))
+        self.seq += 1
+
+    # ---------------------------------------------------------------- the scheduler's host
+    def prompt(self, i: int) -> tuple[int, int]:
+        r = self.reqs[i]
+        return r.prompt_tokens, r.output_tokens
+
+    def admit(self, k: int, i: int, exclusive: bool) -> tuple[int, np.ndarray] | None:
+        req = self.reqs[i]
+        rep = self.sim.replicas[k]
+        got = rep.admit(req.tokens, req.namespace, exclusive=exclusive)
+        if got is None:
+            return None
+        hit, blocks = got
+        self.publish(k, rep.take_events())
+        self.hit_ids[i] = hit
+        return min(hit * self.sim.tokens_per_id, req.prompt_tokens), blocks
+
+    def first_token(self, i: int, t: float) -> None:
+        self.ttft[i] = t - self.reqs[i].arrival / self.rate
+
+    def finish(self, k: int, i: int, t: float) -> None:
+        rep = self.sim.replicas[k]
+        rep.served += 1
+        rep.state.in_flight -= 1
+        self.router.on_finish(rep.state.replica_id, self.route_reqs[i])
+        self.route_reqs[i] = None
+        self.finished += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def schedule(self, k: int, t: float) -> None:
+        self.version[k] += 1
+        if t < math.inf:
+            self.push(t, _WAKE, (k, self.version[k]))
+
+    # ---------------------------------------------------------------- events
+    def publish(self, k: int, events: list[KVCacheEvent]) -> None:
+        if not events:
+            return
+        delay = self.sim.event_delay
+        if delay > 0:
+            self.push(self.sim.clock.now + delay, _DELIVER, (k, events))
+        else:
+            self.router.on_events(self.states[k].replica_id, events)
+            self.delivered += len(events)
 
 
 class FleetSim:
     """``num_replicas`` replicas (:class:`Replica`, in ``replicas``) and the event loop.
 
-    One ``run`` per instance (the caches keep what a run left, for inspection).
+    ``batch`` None serves one request at a time per replica; a
+    :class:`BatchConfig` batches (see the module docstring). One ``run`` per
+    instance (the caches keep what a run left, for inspection).
     """
 
     def __init__(
@@ -343,6 +353,7 @@ class FleetSim:
         block_size: int = 1,
         eviction: str = "lru",
         service: ServiceModel | None = None,
+        batch: BatchConfig | None = None,
         tokens_per_id: int = MOONCAKE_BLOCK_SIZE,
         event_delay: float = 0.0,
         clock: SimClock | None = None,
@@ -357,12 +368,15 @@ class FleetSim:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if not (isinstance(event_delay, (int, float)) and event_delay >= 0):
             raise ValueError(f"event_delay must be a number >= 0, got {event_delay!r}")
+        if batch is not None and not isinstance(batch, BatchConfig):
+            raise ValueError(f"batch must be a BatchConfig or None, got {batch!r}")
         self.replicas = [
             Replica(i, int(capacity_blocks), int(block_size), eviction) for i in range(num_replicas)
         ]
         self.capacity_blocks = int(capacity_blocks)
         self.block_size = int(block_size)
         self.service = service if service is not None else ServiceModel()
+        self.batch = batch
         self.tokens_per_id = int(tokens_per_id)
         self.event_delay = float(event_delay)
         self.clock = clock if clock is not None else SimClock()
@@ -381,65 +395,23 @@ class FleetSim:
         reqs = _as_requests(requests)
         n = len(reqs)
         reps = self.replicas
-        states = [r.state for r in reps]
+        run = _Run(self, reqs, router, rate)
+        schedulers = make_schedulers(reps, run, self.batch)
+        states = run.states
         by_id = {r.state.replica_id: i for i, r in enumerate(reps)}
-        service, tpi, clock, delay = self.service, self.tokens_per_id, self.clock, self.event_delay
-        bs = self.block_size
-
-        replica_of = np.full(n, -1, dtype=np.int64)
-        hit_ids = np.zeros(n, dtype=np.int64)
-        ttft = np.zeros(n, dtype=np.float64)
+        clock, bs = self.clock, self.block_size
         decision_ns = np.zeros(n, dtype=np.int64)
-        route_reqs: list[RouteRequest | None] = [None] * n
         lost = novel = 0
-        delivered = 0
-
-        heap: list[tuple[float, int, int, Any]] = []
-        seq = 0
         for i, r in enumerate(reqs):
-            heap.append((r.arrival / rate, _ARRIVE, seq, i))
-            seq += 1
-        heapq.heapify(heap)
-
-        bar = None
+            run.heap.append((r.arrival / rate, _ARRIVE, run.seq, i))
+            run.seq += 1
+        heapq.heapify(run.heap)
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=n, desc=f"route-sim {getattr(router, 'name', '?')}", unit="req")
+            run.bar = tqdm(total=n, desc=f"route-sim {getattr(router, 'name', '?')}", unit="req")
 
-        def publish(k: int, now: float) -> None:
-            nonlocal seq, delivered
-            events = reps[k].take_events()
-            if not events:
-                return
-            if delay > 0:
-                heapq.heappush(heap, (now + delay, _DELIVER, seq, (k, events)))
-                seq += 1
-            else:
-                router.on_events(states[k].replica_id, events)
-                delivered += len(events)
-
-        def start(k: int, now: float) -> None:
-            nonlocal seq
-            rep = reps[k]
-            i = rep.queue.popleft()
-            req = reqs[i]
-            hit = rep.serve(req.tokens, req.namespace)
-            publish(k, now)
-            hit_ids[i] = hit
-            hit_tok = min(hit * tpi, req.prompt_tokens)
-            pre = service.prefill(req.prompt_tokens, hit_tok)
-            busy = pre + service.decode(req.output_tokens)
-            ttft[i] = now - reqs[i].arrival / rate + pre
-            rep.busy = True
-            rep.busy_time += busy
-            st = rep.state
-            st.waiting = len(rep.queue)
-            st.running = 1
-            st.kv_usage = 1.0 - rep.allocator.num_free / rep.capacity_blocks
-            heapq.heappush(heap, (now + busy, _FINISH, seq, (k, i)))
-            seq += 1
-
+        heap, version = run.heap, run.version
         now = 0.0
         while heap:
             now, kind, _, payload = heapq.heappop(heap)
@@ -449,7 +421,7 @@ class FleetSim:
                 req = reqs[i]
                 overlaps = [rep.cache.peek(req.tokens, req.namespace) // bs for rep in reps]
                 rr = RouteRequest(i, req.tokens, req.namespace, req.session)
-                route_reqs[i] = rr
+                run.route_reqs[i] = rr
                 t0 = time.perf_counter_ns()
                 rid = router.choose(rr, states)
                 decision_ns[i] = time.perf_counter_ns() - t0
@@ -457,45 +429,35 @@ class FleetSim:
                 best = max(overlaps)
                 lost += best - overlaps[k]
                 novel += len(req.tokens) // bs - best
-                replica_of[i] = k
-                rep = reps[k]
-                rep.state.in_flight += 1
-                rep.queue.append(i)
-                rep.state.waiting = len(rep.queue)
-                if not rep.busy:
-                    start(k, now)
-            elif kind == _FINISH:
-                k, i = payload
-                rep = reps[k]
-                rep.busy = False
-                rep.served += 1
-                st = rep.state
-                st.in_flight -= 1
-                st.running = 0
-                router.on_finish(st.replica_id, route_reqs[i])
-                route_reqs[i] = None
-                if bar is not None:
-                    bar.update(1)
-                if rep.queue:
-                    start(k, now)
+                run.replica_of[i] = k
+                reps[k].state.in_flight += 1
+                schedulers[k].arrive(i, now)
+            elif kind == _WAKE:
+                k, v = payload
+                if v == version[k]:
+                    schedulers[k].wake(now)
             else:
                 k, events = payload
                 router.on_events(states[k].replica_id, events)
-                delivered += len(events)
-        if bar is not None:
-            bar.close()
+                run.delivered += len(events)
+        if run.bar is not None:
+            run.bar.close()
 
         served = [rep.served for rep in reps]
         busy = [rep.busy_time for rep in reps]
+        work = [rep.work for rep in reps]
+        tpi = self.tokens_per_id
         prompt = sum(r.prompt_tokens for r in reqs)
         hit_tokens = int(
-            sum(min(int(h) * tpi, r.prompt_tokens) for h, r in zip(hit_ids, reqs, strict=True))
+            sum(min(int(h) * tpi, r.prompt_tokens) for h, r in zip(run.hit_ids, reqs, strict=True))
         )
-        mean_served = n / len(reps)
         mean_busy = sum(busy) / len(reps)
+        mean_work = sum(work) / len(reps)
         us = decision_ns / 1000.0
+        ttft = run.ttft
         return SimResult(
             router=str(getattr(router, "name", type(router).__name__)),
+            service="serial" if self.batch is None else "batched",
             num_replicas=len(reps),
             capacity_blocks=self.capacity_blocks,
             num_requests=n,
@@ -506,8 +468,11 @@ class FleetSim:
             ttft_p90=_pct(ttft, 90),
             ttft_p99=_pct(ttft, 99),
             ttft_mean=float(ttft.mean()) if n else 0.0,
-            max_mean_load=max(served) / mean_served if n else 0.0,
+            max_mean_load=max(served) / (n / len(reps)) if n else 0.0,
             max_mean_busy=max(busy) / mean_busy if mean_busy > 0 else 0.0,
+            offered_load=offered_load(reqs, self.service, len(reps), rate, self.batch),
+            utilisation=mean_work / now if now > 0 else 0.0,
+            max_mean_utilisation=max(work) / mean_work if mean_work > 0 else 0.0,
             regret=lost / (novel + lost) if novel + lost else 0.0,
             lost_blocks=int(lost),
             novel_blocks=int(novel),
@@ -515,10 +480,10 @@ class FleetSim:
             decision_us_p99=_pct(us, 99),
             index_memory_bytes=_memory_bytes(router),
             makespan_s=float(now),
-            events_delivered=delivered,
+            events_delivered=run.delivered,
             served=served,
-            replica=replica_of,
-            hit_ids=hit_ids,
+            replica=run.replica_of,
+            hit_ids=run.hit_ids,
             ttft=ttft,
         )
 
@@ -543,6 +508,7 @@ def simulate(
     capacity_blocks: int,
     block_size: int = 1,
     service: ServiceModel | None = None,
+    batch: BatchConfig | None = None,
     rate: float = 1.0,
     event_delay: float = 0.0,
     eviction: str = "lru",
@@ -552,8 +518,8 @@ def simulate(
 ) -> SimResult:
     """Serve ``requests`` on a fresh fleet behind ``router``; see :class:`FleetSim`.
 
-    Pass the ``clock`` the router was built with (:func:`build_router`) so its
-    TTLs run in simulated time. ``ValueError`` for bad sizes or rate.
+    Pass the ``clock`` the router was built with (:func:`build_router`) so it
+    runs in simulated time. ``ValueError`` for bad sizes or rate.
     """
     sim = FleetSim(
         num_replicas=num_replicas,
@@ -561,6 +527,7 @@ def simulate(
         block_size=block_size,
         eviction=eviction,
         service=service,
+        batch=batch,
         tokens_per_id=tokens_per_id,
         event_delay=event_delay,
         clock=clock,
