@@ -511,43 +511,22 @@ def strict_json(text: str) -> dict:
     return json.loads(text, parse_constant=refuse)
 
 
+def groups_argv(requests: int, *extra: str) -> list[str]:
+    """``route-sim`` over the synthetic ``groups`` fleet: 2 replicas of 64 blocks."""
+    return ["route-sim", "--synthetic", "groups", "--requests", str(requests),
+            "--replicas", "2", "--capacity", "64", "--no-progress", *extra]  # fmt: skip
+
+
 @pytest.mark.parametrize("requests", [16, 20, 33, 1000])
 def test_cli_synthetic_groups_simulates_exactly_the_requests_asked(capsys, requests) -> None:
-    code, out, _ = run_cli(
-        capsys,
-        "route-sim",
-        "--synthetic",
-        "groups",
-        "--requests",
-        str(requests),
-        "--replicas",
-        "2",
-        "--capacity",
-        "64",
-        "--routers",
-        "round_robin",
-        "--json",
-        "--no-progress",
-    )
+    code, out, _ = run_cli(capsys, *groups_argv(requests, "--routers", "round_robin", "--json"))
     assert code == 0
     assert strict_json(out)["round_robin"]["num_requests"] == requests
 
 
 @pytest.mark.parametrize("requests", [1, 5, 15])
 def test_cli_synthetic_groups_refuses_fewer_requests_than_groups(capsys, requests) -> None:
-    code, out, err = run_cli(
-        capsys,
-        "route-sim",
-        "--synthetic",
-        "groups",
-        "--requests",
-        str(requests),
-        "--replicas",
-        "2",
-        "--capacity",
-        "64",
-        "--no-progress",
-    )
+    code, out, err = run_cli(capsys, *groups_argv(requests))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert f"--requests ({requests}) must be at least --groups (16)" in err
 
