@@ -33,7 +33,7 @@ import numpy as np
 from bench_common import save_rows
 
 from radixkv import BlockAllocator
-from radixkv.cache.block_hash import BlockHasher
+from radixkv.cache.hashing import BlockHasher
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.protocol import PrefixCache
 from radixkv.cache.radix import RadixCache

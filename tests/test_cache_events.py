@@ -11,6 +11,7 @@ prefix with the ChainHasher itself.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import note, settings
 from hypothesis import strategies as st
@@ -183,8 +184,8 @@ def test_events_off_cost_nothing(kind):
     serve(alloc, cache, [1, 2, 3, 4, 5, 6])
     if kind == "radix":
         assert all(node.digests is None for node in cache._iter_nodes())
-    else:
-        assert cache._digests is None
+    else:  # the names are the sha256 BlockHasher's (32 bytes), not event digests
+        assert all(len(name) == 32 for name in cache._queue.values())
     cache.check()
 
 
@@ -444,3 +445,128 @@ def test_namespace_keys_of_a_value_and_its_one_tuple_differ() -> None:
         h.root, tokens, 4, namespace_extra_keys((1,))
     )
     assert namespace_extra_keys("t1") == ("t1",)  # vLLM's cache_salt shape
+
+
+# ------------------------------------------------- one hash: HashBlockCache's names
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_hash_cache_names_its_blocks_with_the_hashes_it_emits(recipe):
+    hasher = ChainHasher(recipe, seed=3)
+    alloc, cache = make("hash", hasher)
+    for ns in (None, "t", ("tenant", 2)):
+        tokens = [5, 6, 7, 8, 9, 9]
+        names = cache.block_names(tokens, ns)
+        assert names == hasher.hashes(hasher.root, tokens, 2, namespace_extra_keys(ns))
+        serve(alloc, cache, tokens, ns)
+        (ev,) = cache.take_events()
+        assert ev.block_hashes == [hasher.wire(n) for n in names]
+    # the 64-bit xxhash digests may collide: the cache keeps token bytes to check hits
+    assert bool(cache._tokens) == (recipe == "xxhash")
+
+
+class CountingHasher(ChainHasher):
+    """Counts the blocks it hashes, through either of its entry points."""
+
+    def __init__(self) -> None:
+        super().__init__("xxhash", seed=0)
+        self.blocks = 0
+        one = self.block_name
+
+        def block_name(parent, block, keys):
+            self.blocks += 1
+            return one(parent, block, keys)
+
+        self.block_name = block_name
+
+    def hashes(self, parent, tokens, block_size, first_extra=None):
+        self.blocks += len(tokens) // block_size
+        return super().hashes(parent, tokens, block_size, first_extra)
+
+
+def test_hash_cache_with_events_hashes_each_block_once():
+    """Regression (issue 23): the names and the event digests were two hashes of every block."""
+    hasher = CountingHasher()
+    named = []
+
+    def names(parent, block, extra):  # events on: the event hash names the blocks
+        named.append(block)
+        return hash((parent, block, extra))
+
+    alloc = BlockAllocator(num_blocks=32, block_size=2)
+    cache = HashBlockCache(alloc, hash_fn=names, events=hasher)
+    serve(alloc, cache, [1, 2, 3, 4, 5, 6, 7, 8])  # a first request: 4 blocks
+    assert hasher.blocks == 4
+    serve(alloc, cache, [1, 2, 3, 4, 5, 6, 7, 8, 9, 9])  # match names 5 (4 hits, a miss)
+    assert hasher.blocks == 4 + 5  # and the insert hashes none of them again
+    assert named == [] and len(cache.take_events()) == 2
+
+
+def test_hash_cache_keeps_equal_repr_namespaces_apart_with_events_on():
+    """Two namespaces whose extra keys coincide (same type and repr) share event hashes, as in
+    the tree, but never blocks: each namespace looks its names up in its own map."""
+
+    class Tenant:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __repr__(self) -> str:
+            return "Tenant"
+
+    a, b = Tenant("a"), Tenant("b")
+    alloc, cache = make("hash")
+    serve(alloc, cache, [1, 2, 3, 4], ns=a)
+    m = cache.match([1, 2, 3, 4], namespace=b)
+    assert m.num_tokens == 0
+    serve(alloc, cache, [1, 2, 3, 4], ns=b)
+    assert cache.cached_blocks == 4 and cache.num_namespaces == 2
+    ev_a, ev_b = (e for e in cache.take_events() if isinstance(e, BlockStored))
+    assert ev_a.block_hashes == ev_b.block_hashes == wires(XX, [1, 2, 3, 4], 2, a)
+    cache.check()
+
+
+def test_the_null_event_log_records_nothing():
+    from radixkv.cache.events import NO_EVENTS
+
+    NO_EVENTS.check_namespace("\ud800")  # nothing is hashed, so every namespace passes
+    NO_EVENTS.stored([b"x" * 8], None, [1, 2], None)
+    NO_EVENTS.stored_runs([b"x" * 8], [0], [1, 2], None)
+    NO_EVENTS.removed([b"x" * 8])
+    NO_EVENTS.cleared()
+    assert NO_EVENTS.take() == [] and len(NO_EVENTS) == 0 and NO_EVENTS.hasher is None
+
+
+def test_stored_runs_records_one_event_per_run_of_positions():
+    from radixkv.cache.events import EventLog
+
+    tokens = list(range(10))
+    digests = XX.hashes(XX.root, tokens, 2, ("t",))
+    log = EventLog(XX, 2)
+    log.stored_runs(digests, [0, 1, 3, 4], np.array(tokens), ("t",))
+    first, second = log.take()
+    assert first.block_hashes == [XX.wire(d) for d in digests[:2]]
+    assert (first.parent_block_hash, first.extra_keys) == (None, [("t",), None])
+    assert first.token_ids == tokens[:4]
+    assert second.block_hashes == [XX.wire(d) for d in digests[3:]]
+    assert (second.parent_block_hash, second.extra_keys) == (XX.wire(digests[2]), None)
+    assert second.token_ids == tokens[6:]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_entry_point_of_a_chain_hasher_gives_the_same_chain(recipe):
+    """hashes, chain (with and without a memo), block_name step by step and the wire ints."""
+    from radixkv.cache.hashing import chain_hashes
+
+    h = ChainHasher(recipe, seed="s")
+    tokens = np.arange(40, dtype=np.int32)
+    for ns in (None, "t", ("a", 1), 7, 1.5):
+        want = h.hashes(h.root, tokens, 4, namespace_extra_keys(ns))
+        keys = h.first_extra(ns)
+        assert h.chain(tokens.tobytes(), 16, keys) == want
+        assert h.chain(tokens.tobytes(), 16, keys, want[:3]) == want
+        parent, extra, steps = h.root, keys, []
+        for i in range(10):
+            parent = h.block_name(parent, tokens[4 * i : 4 * i + 4].tobytes(), extra)
+            extra = h.no_extra
+            steps.append(parent)
+        assert steps == want
+        assert chain_hashes(h, tokens, 4, ns) == [h.wire(d) for d in want]
+        assert h.wire_list(b"".join(want)) == [h.wire(d) for d in want]

@@ -270,7 +270,7 @@ def internal_namespace_entries(cache: PrefixCache) -> int:
     if isinstance(cache, RadixCache):
         return len(cache._roots)
     live_slots = sum(1 for rec in cache._slots if rec is not None)
-    return len(cache._namespaces) + len(cache._extras) + live_slots
+    return len(cache._namespaces) + live_slots
 
 
 @given(
@@ -455,7 +455,8 @@ CORRUPT = textwrap.dedent(
         elif how == "structure" and kind == "radix":
             next(iter(next(iter(cache._roots.values())).children.values())).parent = None
         elif how == "structure" and kind == "hash":
-            cache._by_name[next(iter(cache._by_name))] = 9
+            by_name = cache._namespaces[None].by_name
+            by_name[next(iter(by_name))] = 9
         return cache
 
     for kind, how in [("radix", "free-list"), ("radix", "structure"), ("hash", "free-list"),

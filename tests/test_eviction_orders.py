@@ -409,3 +409,89 @@ def test_ghost_forgets_its_oldest_entry_first() -> None:
     cache.evict(1)  # [9] next: [3]'s protection outlasts it
     assert survivors(cache, [[1], [3], [9]]) == [False, True, False]
     cache.check()
+
+
+# ------------------------------------------------------------------ hooks
+def test_every_built_in_order_is_an_eviction_order_whose_hooks_do_nothing() -> None:
+    from radixkv.cache.eviction import EvictionOrder
+    from radixkv.cache.node import Node
+
+    parent, leaf = Node(b"", b"", None, 0, 0), Node(b"\1\0\0\0", b"\0\0\0\0", None, 1, 0)
+    for name, cls in EVICTION_ORDERS.items():
+        order = cls()
+        assert isinstance(order, EvictionOrder) and order.name == name
+        if name == "ghost":
+            continue  # the one order with state (below)
+        assert order.bind(16, 1) is order  # no state: one object serves every tree
+        assert order.on_insert(parent, leaf) == ()
+        order.on_split(parent, leaf)
+        order.on_evict(parent, leaf, True)
+        order.on_reset()
+        order.check([parent, leaf])
+        assert not leaf.readmitted
+
+
+def test_an_object_with_a_key_alone_is_an_order() -> None:
+    class Newest:  # evicts the most recently used leaf first; no hooks, no name
+        def key(self, node):
+            return (-node.last_access,)
+
+    cache, alloc = cache_with(Newest())
+    assert cache.eviction == "Newest"
+    for p in (A, B, C):
+        put(cache, alloc, p)
+    cache.evict(2)
+    assert survivors(cache, [A, B, C]) == [True, True, False]
+    cache.check()
+
+
+def test_an_order_hears_every_hook_the_tree_calls() -> None:
+    from radixkv.cache.eviction import LruOrder
+
+    heard: list[tuple] = []
+
+    class Listening(LruOrder):
+        def bind(self, num_blocks, block_size):
+            heard.append(("bind", num_blocks, block_size))
+            return self
+
+        def on_insert(self, parent, leaf):
+            heard.append(("insert", leaf.tokens().tolist()))
+            return ()
+
+        def on_split(self, head, tail):
+            heard.append(("split", head.tokens().tolist(), tail.tokens().tolist()))
+
+        def on_evict(self, parent, node, deleted):
+            heard.append(("evict", node.tokens().tolist(), deleted))
+
+        def on_reset(self):
+            heard.append(("reset",))
+
+    cache, alloc = cache_with(Listening())
+    put(cache, alloc, [1, 2, 3])
+    hit(cache, alloc, [1, 9])  # splits [1, 2, 3] after [1]
+    cache.evict(2)
+    cache.reset()
+    assert heard == [
+        ("bind", 16, 1),
+        ("insert", [1, 2, 3]),
+        ("split", [1], [2, 3]),
+        ("evict", [2, 3], True),
+        ("reset",),
+    ]
+
+
+def test_one_ghost_order_object_gives_each_tree_its_own_ghost() -> None:
+    """The ghost is state: two trees configured with one GhostOrder must not share it."""
+    order = GhostOrder(boost=0, bonus=100)
+    first, alloc_1 = cache_with(order)
+    second, alloc_2 = cache_with(order)
+    put(first, alloc_1, [1, 2])
+    first.evict(2)  # the first tree's ghost remembers [1, 2]
+    put(second, alloc_2, [1, 2])  # the second tree never deleted it: not readmitted
+    assert [n.readmitted for n in second._iter_nodes()] == [False]
+    put(first, alloc_1, [1, 2])
+    assert [n.readmitted for n in first._iter_nodes()] == [True]
+    first.check()
+    second.check()

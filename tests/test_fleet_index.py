@@ -806,3 +806,16 @@ class ExactVsCacheMachine(RuleBasedStateMachine):
 
 
 TestExactVsCacheMachine = ExactVsCacheMachine.TestCase
+
+
+def test_the_fleet_and_the_caches_share_one_chain_hash() -> None:
+    """One implementation (issue 23): the fleet's chain_hashes and the events' ChainHasher are
+    radixkv.cache.hashing's, under their old names too."""
+    import radixkv.cache.events as events
+    import radixkv.cache.hashing as hashing
+    import radixkv.fleet.index as index
+
+    assert index.chain_hashes is hashing.chain_hashes
+    assert events.ChainHasher is hashing.ChainHasher
+    assert events.namespace_extra_keys is hashing.namespace_extra_keys
+    assert events.CHAIN_HASHES == hashing.CHAIN_HASHES == ("sha256_cbor", "xxhash")

@@ -15,9 +15,9 @@ import xxhash
 from cache_helpers import hit, serve
 
 from radixkv import BlockAllocator
-from radixkv.cache import block_hash as block_hash_module
-from radixkv.cache.block_hash import BlockHasher, namespace_bytes
+from radixkv.cache import hashing
 from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.hashing import BlockHasher, namespace_bytes
 
 
 def make(num_blocks: int = 64, block_size: int = 2, **kw):
@@ -120,7 +120,7 @@ def _colliding(parent, block: bytes, extra: bytes):
 @pytest.mark.parametrize("how", ["callable", "builtin"])
 def test_token_ids_are_verified_on_a_name_hit(how: str, monkeypatch) -> None:
     if how == "builtin":
-        monkeypatch.setattr(block_hash_module, "_builtin_name", _colliding)
+        monkeypatch.setattr(hashing, "_builtin_name", _colliding)
         alloc, cache = make(hash_fn="builtin")
     else:
         alloc, cache = make(hash_fn=_colliding)
@@ -216,8 +216,9 @@ def test_orphaned_block_is_relinked_when_its_parent_returns() -> None:
 def test_check_catches_a_broken_name_map() -> None:
     alloc, cache = make(hash_seed=0)
     serve(alloc, cache, [1, 2, 3, 4])
-    name = next(iter(cache._by_name))
-    cache._by_name[name] = 63
+    by_name = cache._namespaces[None].by_name
+    name = next(iter(by_name))
+    by_name[name] = 63
     with pytest.raises(AssertionError, match="name maps elsewhere"):
         cache.check()
 
@@ -258,3 +259,19 @@ def test_insert_reuses_the_names_its_match_computed_and_only_those() -> None:
     assert hit(cache, [1, 2, 3, 4, 5, 6, 7, 8]) == 8 and hit(cache, [1, 2, 3, 9]) == 4
     assert hit(cache, [1, 2, 3, 4, 5, 6, 7, 8], namespace="x") == 8
     cache.check()
+
+
+def test_names_fold_in_the_one_namespace_encoding() -> None:
+    """The namespace enters a name as namespace_bytes: the repr of the extra keys the events
+    carry (one encoding for every recipe), so ``1``, ``True``, ``"1"`` and ``(1,)`` differ."""
+    from radixkv.cache.hashing import namespace_extra_keys
+
+    assert namespace_bytes(None) == b""
+    assert namespace_bytes("t") == b"('t',)" == repr(namespace_extra_keys("t")).encode()
+    keys = {namespace_bytes(ns) for ns in (1, True, "1", (1,), 1.0, b"1")}
+    assert len(keys) == 6
+    h = BlockHasher("sha256", hash_seed=0)
+    assert h.first_extra("t") == namespace_bytes("t")
+    assert h.chain(tok(1, 2), 8, h.first_extra("t")) == [
+        hashlib.sha256(h.root + tok(1, 2) + b"('t',)").digest()
+    ]

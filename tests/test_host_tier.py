@@ -241,3 +241,51 @@ def test_cache_rejects_a_shared_or_mismatched_host_pool():
         RadixCache(dev, host=BlockAllocator(4, 2))
     with pytest.raises(TypeError, match="allocator"):
         HostTier(np.zeros(3))
+
+
+def test_a_dropped_tiered_cache_frees_both_pools_without_the_cycle_collector():
+    """The host tier holds the tree's deletion step weakly: the tree is in no reference cycle,
+    so dropping it gives both pools back at once (each allocator's finalizer), and a new
+    tree may claim them."""
+    import gc
+
+    cache, dev, host = tiered()
+    put(cache, dev, [1, 2, 3, 4])
+    cache.evict(2)  # one node host-only: both pools hold blocks
+    assert dev.num_free < dev.num_blocks or host.num_free < host.num_blocks
+    gc.disable()
+    try:
+        del cache
+        assert (dev.num_free, host.num_free) == (dev.num_blocks, host.num_blocks)
+        RadixCache(dev, host=HostTier(host)).check()  # both claims went with the old tree
+    finally:
+        gc.enable()
+
+
+def test_block_hashes_are_what_each_mediums_events_net_out_to():
+    hasher = ChainHasher()
+    cache, dev, _ = tiered(cache={"events": hasher})
+    net = {"GPU": set(), "CPU": set()}
+
+    def settle():
+        for e in cache.take_events():
+            for h in e.block_hashes:
+                (net[e.medium].add if isinstance(e, BlockStored) else net[e.medium].remove)(h)
+        for medium, hashes in net.items():
+            assert sorted(cache.block_hashes(medium)) == sorted(hashes), medium
+        cache.check()
+
+    put(cache, dev, [1, 2, 3, 4])
+    put(cache, dev, [1, 2, 5, 6, 7, 8])
+    settle()
+    assert len(cache.block_hashes()) == cache.cached_blocks == 4 and not net["CPU"]
+    cache.evict(2)  # a leaf goes to the host
+    settle()
+    assert len(cache.block_hashes("CPU")) == cache.host_cached_blocks > 0
+    dev.decref(cache.load([1, 2, 5, 6, 7, 8]).blocks)  # back on the device, its copy kept
+    settle()
+    cache.evict_host(10)
+    settle()
+    assert cache.block_hashes("CPU") == []
+    with pytest.raises(ValueError, match="medium"):
+        cache.block_hashes("disk")

@@ -455,3 +455,37 @@ def test_out_of_blocks_is_raised_by_alloc_not_the_cache() -> None:
     alloc, cache = make(num_blocks=2, block_size=1)
     with pytest.raises(OutOfBlocks):
         alloc.alloc(3)
+
+
+# ------------------------------------------------------------ block_hashes
+def test_block_hashes_are_the_chain_hashes_of_the_cached_blocks() -> None:
+    from radixkv.cache.hashing import ChainHasher, chain_hashes
+
+    hasher = ChainHasher("xxhash", seed=1)
+    alloc = BlockAllocator(num_blocks=16, block_size=2)
+    cache = RadixCache(alloc, "lru", events=hasher)
+    a, b = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9]  # b splits a's node after two blocks
+    for tokens, ns in ((a, None), (b, None), (a, "t")):
+        blocks = alloc.alloc(3)
+        cache.insert(tokens, blocks, ns)
+        alloc.decref(blocks)
+    want = [*chain_hashes(hasher, a, 2, None), *chain_hashes(hasher, b, 2, None)[2:]]
+    want += chain_hashes(hasher, a, 2, "t")
+    assert sorted(cache.block_hashes()) == sorted(want)
+    assert len(cache.block_hashes()) == cache.cached_blocks == 7
+    cache.evict(1)  # the least recently used leaf: a's tail
+    assert sorted(cache.block_hashes()) == sorted(set(want) - {chain_hashes(hasher, a, 2, None)[2]})
+    cache.reset()
+    assert cache.block_hashes() == []
+
+
+def test_block_hashes_need_events_and_a_known_medium() -> None:
+    from radixkv.cache.hashing import ChainHasher
+
+    cache = RadixCache(BlockAllocator(num_blocks=4, block_size=2))
+    with pytest.raises(ValueError, match="cache must be a radix cache with events on"):
+        cache.block_hashes()
+    cache = RadixCache(BlockAllocator(num_blocks=4, block_size=2), events=ChainHasher())
+    assert cache.block_hashes() == cache.block_hashes("CPU") == []
+    with pytest.raises(ValueError, match="medium"):
+        cache.block_hashes("gpu")

@@ -15,30 +15,28 @@ indexer, Dynamo's router) read a radixkv replica. They live beside the caches,
 not in ``radixkv.fleet``, because the caches emit them and the cache tier
 imports nothing above it.
 
-Block hashes (:class:`ChainHasher`) are chained, so a block's hash names its
-whole prefix, and reproducible across processes for a given seed:
+Block hashes (:class:`ChainHasher`, ``"sha256_cbor"`` or ``"xxhash"``) are
+chained, so a block's hash names its whole prefix, and reproducible across
+processes for a given seed; the namespace enters the first block's extra keys
+(:func:`namespace_extra_keys`). Every recipe lives in :mod:`radixkv.cache.hashing`;
+``ChainHasher``, ``CHAIN_HASHES`` and ``namespace_extra_keys`` are importable
+from here too.
 
-- ``"sha256_cbor"``: vLLM's recipe, ``sha256(cbor2.dumps((parent, tuple(tokens),
-  extra_keys), canonical=True))``; the first parent is the same hash of the
-  seed. On the wire a hash is its digest's low 64 bits. Needs ``cbor2``.
-- ``"xxhash"``: xxh3-64 of the block's int32 tokens (and, for the first block,
-  the extra keys' bytes) seeded with the parent's 64 bits: much cheaper, for
-  radixkv-to-radixkv fleets.
-
-The namespace (a cache salt, a LoRA adapter, a tenant) enters the first block's
-extra keys only, which changes every hash after it: chains of different
-namespaces never meet.
+``HashBlockCache`` records through an :class:`EventLog`; with events off it
+holds :data:`NO_EVENTS`, a :class:`NullEventLog` that records nothing, so its
+paths carry no ``if events`` branch (the radix tree's own delegate, which also
+keeps its nodes' digests, is :mod:`radixkv.cache.tree_events`).
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import numpy as np
-import xxhash
+
+from radixkv.cache.hashing import CHAIN_HASHES, ChainHasher, Digest, namespace_extra_keys
 
 __all__ = [
     "CHAIN_HASHES",
@@ -50,6 +48,8 @@ __all__ = [
     "EventBatch",
     "EventLog",
     "KVCacheEvent",
+    "NO_EVENTS",
+    "NullEventLog",
     "namespace_extra_keys",
 ]
 
@@ -112,146 +112,12 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-CHAIN_HASHES = ("sha256_cbor", "xxhash")
-
-Digest = bytes  # a chain hash's full digest (32 bytes for sha256_cbor, 8 for xxhash)
-
-
-def namespace_extra_keys(namespace: Hashable) -> tuple[Any, ...] | None:
-    """The first block's extra keys for ``namespace``: None for the default namespace.
-
-    A str, int or bytes namespace is the 1-tuple of itself (vLLM sends a
-    ``cache_salt`` the same way); a tuple of those is the 1-tuple of it as a
-    list (so ``("a",)`` and ``"a"`` stay apart); anything else is the 1-tuple of
-    its type's qualified name and ``repr``. The type is kept (``True``, ``1``
-    and ``1.0`` give different keys), as the caches tell namespaces apart.
-    """
-    if namespace is None:
-        return None
-    if isinstance(namespace, (str, bytes, int)) and not isinstance(namespace, bool):
-        return (namespace,)
-    if isinstance(namespace, tuple) and all(
-        isinstance(v, (str, bytes, int)) and not isinstance(v, bool) for v in namespace
-    ):
-        return (list(namespace),)
-    t = type(namespace)
-    return (f"{t.__module__}.{t.__qualname__}:{namespace!r}",)
-
-
-class ChainHasher:
-    """Chained block hashes for events and routing, for one recipe and seed.
-
-    ``root`` is the parent digest of every first block. :meth:`hashes` gives
-    the digests of a run of full blocks; :meth:`wire` the 64-bit int an event
-    carries; :meth:`check_namespace` refuses a namespace the recipe cannot
-    encode. Immutable; ``ValueError`` for an unknown recipe, ``ImportError``
-    (naming the package) when ``sha256_cbor`` is asked for without ``cbor2``.
-
-    >>> h = ChainHasher("xxhash", seed=0)
-    >>> d = h.hashes(h.root, np.arange(32, dtype=np.int32), 16)
-    >>> len(d), d == ChainHasher("xxhash", seed=0).hashes(h.root, list(range(32)), 16)
-    (2, True)
-    """
-
-    __slots__ = ("_cbor", "name", "root", "seed")
-
-    def __init__(self, name: str = "xxhash", seed: str | int = 0) -> None:
-        if name not in CHAIN_HASHES:
-            raise ValueError(f"name must be one of {CHAIN_HASHES}, got {name!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (str, int)):
-            raise ValueError(f"seed must be a str or an int, got {seed!r}")
-        self.name = name
-        self.seed = seed
-        self._cbor = None
-        if name == "sha256_cbor":
-            try:
-                import cbor2
-            except ImportError as exc:  # pragma: no cover - cbor2 is in the fleet extra
-                msg = "the sha256_cbor chain hash needs cbor2 (pip install cbor2)"
-                raise ImportError(msg) from exc
-            self._cbor = cbor2.dumps
-            self.root = hashlib.sha256(self._cbor(seed, canonical=True)).digest()
-        else:
-            self.root = xxhash.xxh3_64_digest(repr(seed).encode())
-
-    def hashes(
-        self,
-        parent: Digest,
-        tokens: Sequence[int] | np.ndarray,
-        block_size: int,
-        first_extra: tuple[Any, ...] | None = None,
-    ) -> list[Digest]:
-        """Digests of the ``len(tokens) // block_size`` full blocks of ``tokens``, in order.
-
-        The first block's parent is ``parent`` and its extra keys
-        ``first_extra``; each later block's parent is the block before it.
-        Complexity: O(len(tokens)).
-        """
-        arr = np.ascontiguousarray(tokens, dtype=np.int32)
-        n = len(arr) // block_size
-        out: list[Digest] = []
-        extra = first_extra
-        if self._cbor is not None:
-            dumps = self._cbor
-            rows = arr[: n * block_size].reshape(n, block_size).tolist()
-            for row in rows:
-                parent = hashlib.sha256(dumps((parent, tuple(row), extra), canonical=True)).digest()
-                out.append(parent)
-                extra = None
-            return out
-        # The parent is the seed of its child's hash: no bytes to concatenate per block.
-        raw = arr.tobytes()
-        step = 4 * block_size
-        head = b"" if extra is None else repr(extra).encode()
-        seed = int.from_bytes(parent[-8:], "big")
-        for i in range(n):
-            seed = xxhash.xxh3_64_intdigest(raw[i * step : (i + 1) * step] + head, seed)
-            out.append(seed.to_bytes(8, "big"))
-            head = b""
-        return out
-
-    def check_namespace(self, namespace: Hashable) -> tuple[Any, ...] | None:
-        """``namespace_extra_keys(namespace)``, checked: this recipe can encode them.
-
-        ``ValueError`` naming ``namespace`` and its value if it cannot: under
-        ``sha256_cbor`` every str in the keys (the namespace, an entry of a
-        tuple namespace, or the repr standing for any other namespace) must be
-        valid UTF-8, which a lone surrogate (``"\\ud800"``, legal in JSON) is
-        not; every ``xxhash`` namespace encodes. A cache with events on calls
-        this before it hashes a namespace's first chain, so a namespace it
-        refuses changes nothing. Changes nothing.
-        Complexity: O(size of the namespace).
-
-        >>> ChainHasher("xxhash").check_namespace("tenant-a")
-        ('tenant-a',)
-        """
-        extra = namespace_extra_keys(namespace)
-        if extra is None:
-            return None
-        try:
-            if self._cbor is not None:
-                self._cbor(extra, canonical=True)
-            else:
-                repr(extra).encode()
-        except (ValueError, TypeError) as exc:  # UnicodeEncodeError; cbor2's encode errors
-            # ascii(): the message itself must encode, wherever it is sent
-            raise ValueError(
-                f"namespace must be encodable by the {self.name} chain hash, got "
-                f"{ascii(namespace)} ({ascii(str(exc))})"
-            ) from None
-        return extra
-
-    @staticmethod
-    def wire(digest: Digest) -> int:
-        """The 64-bit int an event carries for ``digest``: its low 64 bits, big-endian."""
-        return int.from_bytes(digest[-8:], "big")
-
-
 class EventLog:
     """A cache's pending events: appended by the cache, taken by whoever publishes them.
 
-    Owned by one cache. ``take()`` returns the pending list and starts a new
-    one. Complexity: O(1) per event.
+    Owned by one cache. ``hasher`` is the ``ChainHasher`` whose digests the
+    cache passes in; ``take()`` returns the pending list and starts a new one.
+    Complexity: O(1) per event.
     """
 
     __slots__ = ("_pending", "block_size", "hasher")
@@ -260,6 +126,42 @@ class EventLog:
         self.hasher = hasher
         self.block_size = block_size
         self._pending: list[KVCacheEvent] = []
+
+    def check_namespace(self, namespace: object) -> None:
+        """``ValueError`` naming ``namespace`` if the hasher cannot encode it
+        (``ChainHasher.check_namespace``). Changes nothing."""
+        self.hasher.check_namespace(namespace)
+
+    def stored_runs(
+        self,
+        digests: Sequence[Digest],
+        positions: Sequence[int],
+        tokens: np.ndarray,
+        first_extra: tuple[Any, ...] | None,
+    ) -> None:
+        """Record one ``BlockStored`` per run of consecutive ``positions`` (ascending) of a chain.
+
+        ``digests[i]`` is block ``i``'s digest and holds ``tokens[i * bs:(i + 1) * bs]``;
+        a run from position 0 has no parent and carries ``first_extra`` (the
+        namespace's keys), a later run's parent is the block before it (cached
+        already, or a block that outlived its evicted parent).
+        Complexity: O(blocks in the runs).
+        """
+        bs = self.block_size
+        k, n = 0, len(positions)
+        while k < n:
+            first = last = positions[k]
+            k += 1
+            while k < n and positions[k] == last + 1:
+                last = positions[k]
+                k += 1
+            parent = digests[first - 1] if first else None
+            self.stored(
+                digests[first : last + 1],
+                parent,
+                tokens[first * bs : (last + 1) * bs],
+                None if first else first_extra,
+            )
 
     def stored(
         self,
@@ -313,3 +215,40 @@ class EventLog:
 
     def __len__(self) -> int:
         return len(self._pending)
+
+
+class NullEventLog:
+    """The event log of a cache with events off: records nothing, ``take()`` is [].
+
+    Every recording method accepts ``EventLog``'s arguments and ignores them,
+    so a cache calls its log unconditionally. Stateless; share :data:`NO_EVENTS`.
+    """
+
+    __slots__ = ()
+
+    hasher = None
+
+    def check_namespace(self, namespace: object) -> None:
+        """Every namespace passes: nothing is hashed."""
+
+    def stored(self, *args: object, **kwargs: object) -> None:
+        """Records nothing."""
+
+    def stored_runs(self, *args: object) -> None:
+        """Records nothing."""
+
+    def removed(self, *args: object) -> None:
+        """Records nothing."""
+
+    def cleared(self) -> None:
+        """Records nothing."""
+
+    def take(self) -> list[KVCacheEvent]:
+        """Always ``[]``."""
+        return []
+
+    def __len__(self) -> int:
+        return 0
+
+
+NO_EVENTS = NullEventLog()

@@ -1,10 +1,11 @@
 """HashBlockCache: vLLM-style prefix caching with chained block hashes.
 
 Each full block of a request is named by ``H(parent name, block tokens, extra
-keys)`` (``radixkv.cache.block_hash``); a dict maps name -> block. Lookup walks the
-names left to right and stops at the first miss. Only full blocks are named.
-The namespace enters the first block's extra keys, so different namespaces
-never share a block.
+keys)`` (a chained hash from ``radixkv.cache.hashing``); each namespace's dict
+maps name -> block. Lookup walks the names left to right and stops at the first
+miss. Only full blocks are named. The namespace enters the first block's extra
+keys, and each namespace looks its names up in its own dict, so different
+namespaces never share a block (even two whose encodings coincide).
 
 How vLLM's lifecycle maps onto radixkv's ownership contract
 ------------------------------------------------------------
@@ -39,28 +40,27 @@ child that a request held). Its name stays valid because names depend on
 content only: once the parent prefix is cached again, the child is reachable
 again. Until then it is unreachable but still evictable, so nothing leaks.
 
-For ``hash_fn="builtin"`` (64-bit, collisions possible) and callables, the
-cache keeps each block's token bytes and checks them on every name hit; a
-mismatch counts as a miss, and ``insert`` stops caching at that block.
+For names that may collide (``hash_fn="builtin"``, callables, and the 64-bit
+``xxhash`` event hash), the cache keeps each block's token bytes and checks
+them on every name hit; a mismatch counts as a miss, and ``insert`` stops
+caching at that block.
 
 Namespaces are filed by ``namespace_key`` (type and value), each with its
-extra key bytes and a count of the cached blocks its chains own (a block
-belongs to the namespace that inserted it: every name in a chain derives from
-the first block's extra). A namespace whose count falls to 0 is forgotten, so
-per-request cache salts leave nothing behind.
+first block's extra, its name dict and a count of the cached blocks its chains
+own (a block belongs to the namespace that inserted it: every name in a chain
+derives from the first block's extra). A namespace whose count falls to 0 is
+forgotten, so per-request cache salts leave nothing behind.
 
-KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.events``) use
-the ChainHasher's recipe, not the block names' (a router hashes requests with
-it, whatever cache a replica runs): the cache then keeps each cached block's
-event digest (block -> digest), computed when the block is adopted from the
-digest of the cached block before it (or the hasher's root and the
-namespace's extra keys for a first block). ``insert`` records one
-``BlockStored`` per contiguous run of adopted blocks (a run can start after a
-block that outlived its evicted parent), ``evict`` one ``BlockRemoved`` per
-block, ``reset`` one ``AllBlocksCleared``. Equal tokens and namespace give the
-same event hashes here as in ``RadixCache``. With events off (the default) no
-digest is kept and the only cost is one ``is None`` test on the insert, evict
-and reset paths.
+KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.events``): the
+cache then names its blocks with the ChainHasher (``hash_fn`` is not used), so
+a block's name is the digest its events carry (a router hashes requests with
+the same recipe, whatever cache a replica runs) and each block is hashed once.
+``insert`` records one ``BlockStored`` per contiguous run of adopted blocks (a
+run can start after a block that outlived its evicted parent), ``evict`` one
+``BlockRemoved`` per block, ``reset`` one ``AllBlocksCleared``. Equal tokens
+and namespace give the same event hashes here as in ``RadixCache``. With
+events off (the default) the cache records into ``NO_EVENTS``, which drops
+everything.
 """
 
 from __future__ import annotations
@@ -74,8 +74,15 @@ import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator, invariant
 from radixkv.cache.arrays import TOKEN_DTYPE, BlockSeq, TokenSeq, as_token_array
-from radixkv.cache.block_hash import BlockHasher, BlockName, NameFn, namespace_bytes
-from radixkv.cache.events import ChainHasher, EventLog, KVCacheEvent, namespace_extra_keys
+from radixkv.cache.events import NO_EVENTS, EventLog, KVCacheEvent, NullEventLog
+from radixkv.cache.hashing import (
+    BlockHasher,
+    BlockName,
+    BlockNamer,
+    ChainHasher,
+    NameFn,
+    namespace_extra_keys,
+)
 from radixkv.cache.protocol import (
     check_insert_blocks,
     check_num_blocks,
@@ -92,16 +99,18 @@ _EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
 
 
 class _Namespace:
-    """A namespace with cached blocks: its first block's extra key and its block count."""
+    """A namespace with cached blocks: its first block's extra, its names and its block count."""
 
-    __slots__ = ("namespace", "key", "extra", "slot", "num_blocks")
+    __slots__ = ("namespace", "key", "extra", "keys", "slot", "num_blocks", "by_name")
 
-    def __init__(self, namespace: Hashable, key: Hashable, extra: bytes, slot: int) -> None:
+    def __init__(self, namespace: Hashable, key: Hashable, extra: object, slot: int) -> None:
         self.namespace = namespace  # as the caller gave it
         self.key = key  # namespace_key(namespace): its key in _namespaces
-        self.extra = extra
+        self.extra = extra  # the namer's first_extra(namespace)
+        self.keys = namespace_extra_keys(namespace)  # what a first block's BlockStored carries
         self.slot = slot  # its index in _slots, stored per block in _block_ns
         self.num_blocks = 0
+        self.by_name: dict[BlockName, int] = {}  # its cached blocks by name
 
 
 class HashBlockCache:
@@ -112,8 +121,8 @@ class HashBlockCache:
     ``"xxhash"``, ``"builtin"`` or a callable ``f(parent, block_bytes, extra)``;
     ``hash_seed`` (str, bytes or int) fixes the root name so names are stable
     across processes (sha256 / xxhash); None draws a random root. ``events``:
-    a ``ChainHasher`` turns KV cache events on (module docstring;
-    ``take_events``); None (the default) keeps them off at no cost.
+    a ``ChainHasher`` turns KV cache events on and names the blocks (module
+    docstring; ``take_events``); None (the default) keeps them off.
     ``TypeError`` naming ``events`` for anything else. With events on,
     ``match``, ``peek`` and ``insert`` refuse a namespace the hasher cannot
     encode (``ChainHasher.check_namespace``: ``ValueError`` naming
@@ -149,30 +158,31 @@ class HashBlockCache:
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
         if events is not None and not isinstance(events, ChainHasher):
             raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
-        self._hasher = BlockHasher(hash_fn, hash_seed)
+        self._hash_fn = hash_fn
+        hasher = BlockHasher(hash_fn, hash_seed)  # checks hash_fn and hash_seed either way
+        # The names: the event hash with events on, so a block's name is what its events carry.
+        self._namer: BlockNamer = hasher if events is None else events
+        self._events: EventLog | NullEventLog = (
+            NO_EVENTS if events is None else EventLog(events, allocator.block_size)
+        )
         self._alloc = allocator
         self._bs = allocator.block_size
         self._bb = self._bs * _TOKEN_BYTES
-        self._verify = self._hasher.verifies_tokens
-        self._by_name: dict[BlockName, int] = {}
+        self._verify = self._namer.verifies_tokens
         # Every cached block, head = evicted first. Values are the blocks' names.
         self._queue: OrderedDict[int, BlockName] = OrderedDict()
         self._tokens: dict[int, bytes] = {}  # block -> its token bytes, only when verifying
         self._held = np.zeros(allocator.num_blocks, dtype=bool)
         # Namespaces owning at least one cached block, by namespace_key; the slot of each
-        # cached block's namespace; slots free for reuse; the extras in use.
+        # cached block's namespace; slots free for reuse.
         self._namespaces: dict[Hashable, _Namespace] = {}
         self._slots: list[_Namespace | None] = []
         self._free_slots: list[int] = []
         self._block_ns = np.zeros(allocator.num_blocks, dtype=np.int32)
-        self._extras: set[bytes] = set()
         self._stats = CacheStats()
         # The names the last match computed: (extra, token bytes they cover, names). The
         # serving loop inserts right after it matched, so insert re-hashes nothing it named.
-        self._memo: tuple[bytes, bytes, list[BlockName]] = (b"", b"", [])
-        # With events on: the log and each cached block's event digest (block -> digest).
-        self._events = None if events is None else EventLog(events, allocator.block_size)
-        self._digests: dict[int, bytes] | None = None if events is None else {}
+        self._memo: tuple[object, bytes, list[BlockName]] = (None, b"", [])
         allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
@@ -186,19 +196,20 @@ class HashBlockCache:
 
     @property
     def hash_fn(self) -> str | NameFn:
-        return self._hasher.hash_fn
+        """The names' hash function as given (unused with events on: the event hash names)."""
+        return self._hash_fn
 
     @property
     def events_hasher(self) -> ChainHasher | None:
         """The ``ChainHasher`` the events are hashed with; None when events are off."""
-        return None if self._events is None else self._events.hasher
+        return self._events.hasher
 
     def take_events(self) -> list[KVCacheEvent]:
         """The pending KV cache events, oldest first, and forget them; [] when events are off.
 
         Complexity: O(1).
         """
-        return [] if self._events is None else self._events.take()
+        return self._events.take()
 
     @property
     def cached_blocks(self) -> int:
@@ -236,40 +247,33 @@ class HashBlockCache:
 
     # ------------------------------------------------------------------ names
     def block_names(self, tokens: TokenSeq, namespace: Hashable = None) -> list[BlockName]:
-        """Names of the full blocks of ``tokens`` under ``namespace`` (for events and routers).
+        """Names of the full blocks of ``tokens`` under ``namespace`` (with events on, the
+        digests its events carry).
 
-        Read-only: an unseen namespace is not registered. Complexity: O(len(tokens)).
+        Read-only: an unseen namespace is not registered. ``ValueError`` naming
+        ``namespace`` if the namer cannot encode it. Complexity: O(len(tokens)).
         """
         arr = as_token_array(tokens)
         rec = self._namespaces.get(namespace_key(namespace))
-        extra = rec.extra if rec is not None else self._derive_extra(namespace)
+        extra = rec.extra if rec is not None else self._namer.first_extra(namespace)
         n = len(arr) // self._bs
-        return self._hasher.chain(arr[: n * self._bs].tobytes(), self._bb, extra)
+        return self._namer.chain(arr[: n * self._bs].tobytes(), self._bb, extra)
 
     def _namespace(self, namespace: Hashable) -> tuple[Hashable, _Namespace | None]:
         """``namespace_key(namespace)`` and its record (None if it owns no block).
 
-        Raises as ``namespace_key``; with events on, ``ValueError`` naming
-        ``namespace`` if the hasher cannot encode it (``check_namespace``),
+        Raises as ``namespace_key``; ``ValueError`` naming ``namespace`` if the
+        namer cannot encode it (with events on, ``ChainHasher.check_namespace``),
         checked only when no record has it: a record's namespace passed when its
         first block was adopted.
         """
         key = namespace_key(namespace)
         rec = self._namespaces.get(key)
-        if rec is None and self._events is not None:
-            self._events.hasher.check_namespace(namespace)
+        if rec is None:
+            self._namer.check_namespace(namespace)
         return key, rec
 
-    def _derive_extra(self, namespace: Hashable) -> bytes:
-        extra = namespace_bytes(namespace)
-        if extra in self._extras:  # another namespace in use with the same repr: disambiguate
-            i = 1
-            while extra + b"#%d" % i in self._extras:
-                i += 1
-            extra += b"#%d" % i
-        return extra
-
-    def _add_namespace(self, namespace: Hashable, key: Hashable, extra: bytes) -> _Namespace:
+    def _add_namespace(self, namespace: Hashable, key: Hashable, extra: object) -> _Namespace:
         slot = self._free_slots.pop() if self._free_slots else len(self._slots)
         rec = _Namespace(namespace, key, extra, slot)
         if slot == len(self._slots):
@@ -277,7 +281,6 @@ class HashBlockCache:
         else:
             self._slots[slot] = rec
         self._namespaces[key] = rec
-        self._extras.add(extra)
         return rec
 
     def _release_blocks(self, blocks: np.ndarray) -> None:
@@ -293,7 +296,6 @@ class HashBlockCache:
             rec.num_blocks -= count
             if rec.num_blocks == 0:
                 del self._namespaces[rec.key]
-                self._extras.discard(rec.extra)
                 self._slots[slot] = None
                 self._free_slots.append(slot)
 
@@ -321,10 +323,9 @@ class HashBlockCache:
             counters.query_tokens += len(arr)
         if rec is None:
             return MatchResult(_EMPTY_BLOCKS, 0)
-        extra = rec.extra
-        found, names, data = self._lookup(arr, extra)
+        found, names, data = self._lookup(arr, rec)
         if names:
-            self._memo = (extra, data[: len(names) * self._bb], names)
+            self._memo = (rec.extra, data[: len(names) * self._bb], names)
         if not found:
             return MatchResult(_EMPTY_BLOCKS, 0)
         move = self._queue.move_to_end
@@ -350,33 +351,34 @@ class HashBlockCache:
         _, rec = self._namespace(namespace)
         if rec is None:
             return 0
-        found, _, _ = self._lookup(arr, rec.extra)
+        found, _, _ = self._lookup(arr, rec)
         return len(found) * self._bs
 
-    def _lookup(self, arr: np.ndarray, extra: bytes) -> tuple[list[int], list[BlockName], bytes]:
-        """Cached blocks of the longest named prefix of ``arr``; change nothing.
+    def _lookup(self, arr: np.ndarray, rec: _Namespace) -> tuple[list[int], list[BlockName], bytes]:
+        """Cached blocks of the longest named prefix of ``arr`` under ``rec``; change nothing.
 
         Returns ``(found, names, data)``: the blocks; the names computed (those
         of ``found`` plus the first miss, if any); the full blocks' token bytes.
         """
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
-        by_name = self._by_name
-        if n == 0 or not by_name:
+        if n == 0:
             return [], [], b""
         data = arr[: n * bs].tobytes()
-        name_fn = self._hasher.name
-        get = by_name.get
+        namer = self._namer
+        name_fn = namer.block_name
+        get = rec.by_name.get
         found: list[int] = []
         append = found.append
         names: list[BlockName] = []
-        parent = self._hasher.root
+        parent = namer.root
+        extra, no_extra = rec.extra, namer.no_extra
         verify = self._tokens if self._verify else None
         for start in range(0, n * bb, bb):
             chunk = data[start : start + bb]
             parent = name_fn(parent, chunk, extra)
             names.append(parent)
-            extra = b""
+            extra = no_extra
             block = get(parent)
             if block is None or (verify is not None and verify[block] != chunk):
                 break
@@ -399,28 +401,29 @@ class HashBlockCache:
         repeated block, or a block already cached under another name) and
         ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
         non-integer input), before any change. With events on, records one
-        ``BlockStored`` per contiguous run of adopted blocks; every name and
-        event digest is computed before anything changes, so an exception from
-        either hasher leaves the cache, every refcount and the event log as they
-        were.
+        ``BlockStored`` per contiguous run of adopted blocks, their names being
+        their digests; every name is computed before anything changes, so an
+        exception from the hasher leaves the cache, every refcount and the event
+        log as they were.
 
-        Complexity: O(full blocks) hashes and dict operations (with events on,
-        plus the event hashing of the adopted blocks' tokens).
+        Complexity: O(full blocks) hashes and dict operations.
         """
         arr = as_token_array(tokens)
         ns_key, rec = self._namespace(namespace)
         bs, bb = self._bs, self._bb
         n = len(arr) // bs
         blk = check_insert_blocks(self._alloc, blocks, len(arr))
-        extra = rec.extra if rec is not None else self._derive_extra(namespace)
+        if rec is None:  # a new namespace: nothing is named in it yet
+            extra, by_name = self._namer.first_extra(namespace), {}
+        else:
+            extra, by_name = rec.extra, rec.by_name
 
         # Name every block and look it up, without changing anything, so validation can
         # still fail cleanly.
-        by_name = self._by_name
         data = arr[: n * bs].tobytes()
         memo_extra, memo_data, memo_names = self._memo
         known = memo_names if memo_extra == extra and data.startswith(memo_data) else None
-        names = self._hasher.chain(data, bb, extra, known)
+        names = self._namer.chain(data, bb, extra, known)
         get = by_name.get
         found = [get(name) for name in names]
         if self._verify:  # stop at a name collision: nothing past it can be named safely
@@ -452,17 +455,12 @@ class HashBlockCache:
                 raise ValueError(
                     f"blocks[{i}] is block {blk_list[i]}, already cached under another name"
                 )
-            # Hash the events before anything changes: a hasher that raises finds the names,
-            # the queue, the refcounts and the event log as they were.
-            if self._events is not None:
-                runs = self._event_runs(
-                    arr, adopt, found, namespace if rec is None else rec.namespace
-                )
 
         stats = self._stats
         stats.num_inserts += 1
         if new.size and rec is None:
             rec = self._add_namespace(namespace, ns_key, extra)
+            by_name = rec.by_name
         queue = self._queue
         move = queue.move_to_end
         for i in range(len(found) - 1, -1, -1):  # deepest first: the root ends at the tail
@@ -477,60 +475,13 @@ class HashBlockCache:
             else:
                 move(block)
         if new.size:
-            if self._events is not None:
-                self._stored(runs, blk_list)
+            self._events.stored_runs(names, adopt, arr, rec.keys)
             self._alloc.incref_distinct(new)
             self._held[new] = True
             self._block_ns[new] = rec.slot
             rec.num_blocks += int(new.size)
             stats.inserted_tokens += int(new.size) * bs
         return num_cached * bs
-
-    def _event_runs(
-        self,
-        arr: np.ndarray,
-        adopt: list[int],
-        found: list[int | None],
-        namespace: Hashable,
-    ) -> list[tuple[int, list[bytes], bytes | None, np.ndarray, tuple | None]]:
-        """The event digests of the adopted blocks (positions ``adopt``, ascending); no change.
-
-        One run per contiguous stretch of positions: ``(first position,
-        digests, event parent, tokens, extra keys)``. A run after position 0
-        chains from the digest of the cached block before it (``found``).
-        """
-        digests, bs = self._digests, self._bs
-        hasher = self._events.hasher
-        runs = []
-        k = 0
-        while k < len(adopt):
-            first = adopt[k]
-            last = first
-            k += 1
-            while k < len(adopt) and adopt[k] == last + 1:
-                last = adopt[k]
-                k += 1
-            if first == 0:
-                start, parent, extra = hasher.root, None, namespace_extra_keys(namespace)
-            else:
-                parent = start = digests[found[first - 1]]
-                extra = None
-            tokens = arr[first * bs : (last + 1) * bs]
-            runs.append((first, hasher.hashes(start, tokens, bs, extra), parent, tokens, extra))
-        return runs
-
-    def _stored(
-        self,
-        runs: list[tuple[int, list[bytes], bytes | None, np.ndarray, tuple | None]],
-        blk_list: list[int],
-    ) -> None:
-        """Keep the digests of ``runs`` (``_event_runs``) for the adopted blocks of ``blk_list``;
-        record one ``BlockStored`` per run."""
-        log, digests = self._events, self._digests
-        for first, run, parent, tokens, extra in runs:
-            for pos, digest in enumerate(run, first):
-                digests[blk_list[pos]] = digest
-            log.stored(run, parent, tokens, extra)
 
     # ------------------------------------------------------------------ evict
     def evict(self, num_blocks: int) -> int:
@@ -565,15 +516,16 @@ class HashBlockCache:
             chunk = min(2 * chunk, size)
         del keys
         out = np.concatenate(victims) if victims else _EMPTY_BLOCKS
-        by_name, tokens_of = self._by_name, self._tokens
-        for block in out.tolist():
-            del by_name[queue.pop(block)]
-            tokens_of.pop(block, None)
         if out.size:
+            gone = out.tolist()
+            names = [queue.pop(block) for block in gone]
+            recs, tokens_of = self._slots, self._tokens
+            for name, slot in zip(names, self._block_ns[out].tolist()):
+                del recs[slot].by_name[name]
+            for block in gone:
+                tokens_of.pop(block, None)
             self._release_blocks(out)
-            if self._events is not None:
-                pop = self._digests.pop
-                self._events.removed([pop(block) for block in out.tolist()])
+            self._events.removed(names)
         self._held[out] = False
         freed = self._alloc.decref_distinct(out)
         self._stats.evicted_blocks += freed
@@ -587,16 +539,12 @@ class HashBlockCache:
         Complexity: O(cached blocks).
         """
         release_held(self._alloc, self._held)
-        if self._events is not None:
-            self._events.cleared()
-            self._digests.clear()
-        self._by_name.clear()
+        self._events.cleared()
         self._queue.clear()
         self._tokens.clear()
         self._namespaces.clear()
         self._slots.clear()
         self._free_slots.clear()
-        self._extras.clear()
 
     # ------------------------------------------------------------ inspection
     def check(self) -> None:
@@ -606,10 +554,7 @@ class HashBlockCache:
         ``assert``: ``python -O`` checks too). Also checks the allocator.
         Complexity: O(cached blocks + num_blocks).
         """
-        queue, by_name = self._queue, self._by_name
-        invariant(len(queue) == len(by_name), "name map and queue differ in size")
-        for block, name in queue.items():
-            invariant(by_name.get(name) == block, f"block {block}'s name maps elsewhere")
+        queue = self._queue
         blocks = np.fromiter(queue.keys(), dtype=np.int32, count=len(queue))
         invariant(
             not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
@@ -624,15 +569,6 @@ class HashBlockCache:
             invariant(all(len(t) == self._bb for t in self._tokens.values()), "bad token bytes")
         else:
             invariant(not self._tokens, "token bytes kept without verification")
-        if self._events is None:
-            invariant(self._digests is None, "event digests kept with events off")
-        else:
-            invariant(self._digests.keys() == queue.keys(), "an event digest missing for a block")
-            dsz = len(self._events.hasher.root)
-            invariant(
-                all(type(d) is bytes and len(d) == dsz for d in self._digests.values()),
-                "a cached block's event digest is no digest",
-            )
         slots = self._block_ns[blocks]
         invariant(
             not slots.size or (slots.min() >= 0 and slots.max() < len(self._slots)),
@@ -653,6 +589,10 @@ class HashBlockCache:
             )
             invariant(rec.num_blocks > 0, f"namespace {rec.namespace!r} is kept with no blocks")
             invariant(
+                rec.extra == self._namer.first_extra(rec.namespace),
+                f"namespace {rec.namespace!r} keeps another namespace's first-block extra",
+            )
+            invariant(
                 counts is not None and counts[slot] == rec.num_blocks,
                 f"namespace {rec.namespace!r} counts {rec.num_blocks} blocks, owns "
                 f"{0 if counts is None else int(counts[slot])}",
@@ -661,15 +601,18 @@ class HashBlockCache:
             len(self._namespaces) + len(self._free_slots) == len(self._slots),
             "namespace map, slots and free slots disagree",
         )
+        # Every cached block's name is in its namespace's dict, and the dicts hold nothing else.
         invariant(
-            self._extras == {rec.extra for rec in self._namespaces.values()}
-            and len(self._extras) == len(self._namespaces),
-            "namespaces' extra keys are not one per namespace",
+            len(queue) == sum(len(rec.by_name) for rec in self._namespaces.values()),
+            "name maps and queue differ in size",
         )
+        recs = self._slots
+        for (block, name), slot in zip(queue.items(), slots.tolist()):
+            invariant(recs[slot].by_name.get(name) == block, f"block {block}'s name maps elsewhere")
         self._alloc.check()
 
     def __repr__(self) -> str:
         return (
-            f"HashBlockCache(block_size={self._bs}, hash_fn={self._hasher.hash_fn!r}, "
+            f"HashBlockCache(block_size={self._bs}, hash_fn={self._hash_fn!r}, "
             f"cached_blocks={len(self._queue)})"
         )

@@ -1,7 +1,10 @@
 """The radix tree's nodes: a run of tokens, its device blocks and (with a host tier) its host copy.
 
-Internal to ``radixkv.cache``: ``RadixCache`` owns every node and is the only
-code that mutates one; eviction orders read them through ``LeafView``.
+Internal to ``radixkv.cache``: ``RadixCache`` owns every node. Besides the tree,
+only the collaborators it hands a node to write one, each its own fields: the
+events (``digests``, ``radixkv.cache.tree_events``), the host tier (``host``,
+``host_entry``, ``radixkv.cache.host_copies``) and the eviction order's hooks
+(``readmitted``); eviction orders read nodes through ``LeafView``.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ class Node:
         # keep ``blocks == b""`` and always have a host copy.
         self.host: bytes | None = None
         self.host_entry: tuple | None = None
-        # Inserted where the ghost remembered a deleted leaf (eviction.Readmission)
+        # Inserted where the ghost remembered a deleted leaf (GhostOrder's hooks write it)
         self.readmitted = False
 
     @property

@@ -28,20 +28,25 @@ Each namespace has its own root, filed under ``namespace_key(namespace)``
 (type and value); a root goes as soon as its last child is evicted, so a
 namespace that holds no block (a per-request cache salt, say) costs nothing.
 
-KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.events``): each
-node then also keeps its blocks' chained digests, concatenated in one bytes
-object parallel to ``blocks`` (split with it); the digest of a node's last
-block is the parent of its children's chains. ``insert`` hashes only the
-blocks it adopts, before it changes anything, and records one ``BlockStored``; ``evict`` one
-``BlockRemoved`` per block that leaves; ``reset`` one ``AllBlocksCleared``. A
-split moves no block, so it records nothing. With events off (the default)
-nodes keep no digest and the only cost is one ``is None`` test on the insert,
-split, evict and reset paths.
+Three features are collaborators the tree calls unconditionally, each with a
+do-nothing version when off:
+
+- the eviction order (``radixkv.cache.eviction``): ``key`` orders the leaf
+  index; its hooks (``on_insert``, ``on_split``, ``on_evict``, ...) let an order
+  keep state of its own (the ghost of ``GhostOrder``);
+- KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.tree_events``):
+  nodes keep their blocks' chained digests; ``insert`` hashes only the blocks
+  it adopts, before it changes anything, and records one ``BlockStored``;
+  ``evict`` one ``BlockRemoved`` per block that leaves; ``reset`` one
+  ``AllBlocksCleared``. A split moves no block, so it records nothing;
+- the host tier (``host=HostTier(...)``, ``radixkv.cache.host_copies``): a
+  node may hold device blocks, a host copy, or both. ``match`` is the one
+  method that dispatches on it, once at entry, so the device-only walk stays
+  the hot path's.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from dataclasses import replace
 
@@ -57,15 +62,11 @@ from radixkv.cache.arrays import (
     as_token_array,
     common_prefix_len,
 )
-from radixkv.cache.events import (
-    HOST_MEDIUM,
-    ChainHasher,
-    EventLog,
-    KVCacheEvent,
-    namespace_extra_keys,
-)
+from radixkv.cache.events import HOST_MEDIUM, MEDIUM, KVCacheEvent
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
+from radixkv.cache.host_copies import NO_HOST_COPIES, HostCopies, NoHostCopies, check_host_tier
 from radixkv.cache.node import EMPTY_BLOCKS as _EMPTY_BLOCKS
 from radixkv.cache.node import ID_BYTES as _ID_BYTES
 from radixkv.cache.node import NO_CHILDREN as _NO_CHILDREN
@@ -74,17 +75,22 @@ from radixkv.cache.node import Node as _Node
 from radixkv.cache.node import Root as _Root
 from radixkv.cache.protocol import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
+from radixkv.cache.tree_events import NO_TREE_EVENTS, NoTreeEvents, TreeEvents
 
 __all__ = ["CacheStats", "MatchResult", "RadixCache"]
+
+_MEDIA = (MEDIUM, HOST_MEDIUM)
 
 
 class RadixCache:
     """Block-level prefix cache over a ``BlockAllocator`` (SGLang-style radix tree).
 
     ``eviction`` is ``"level"`` (deepest leaves first, LRU within a depth),
-    ``"lru"`` (least recently used leaf first) or an object with a
-    ``key(node)`` method returning a tuple (see ``radixkv.cache.eviction``;
-    ``TypeError`` naming the order if its key of a fresh node is no tuple).
+    ``"lru"`` (least recently used leaf first), any other name in
+    ``radixkv.cache.eviction.EVICTION_ORDERS``, or an object with a
+    ``key(node)`` method returning a tuple (an ``EvictionOrder``, or any object:
+    it then gets the default hooks; ``TypeError`` naming the order if its key
+    of a fresh node is no tuple).
 
     ``events``: a ``ChainHasher`` turns KV cache events on (module docstring;
     ``take_events``); None (the default) keeps them off at no cost.
@@ -92,6 +98,10 @@ class RadixCache:
     method taking a namespace refuses one the hasher cannot encode
     (``ChainHasher.check_namespace``: ``ValueError`` naming ``namespace``),
     before any change.
+
+    ``host``: a ``HostTier`` (``radixkv.cache.host``) gives evicted prefixes a
+    second tier; ``TypeError``/``ValueError`` naming ``host`` unless its pool is
+    a separate allocator of the same block size.
 
     One cache per allocator: ``ValueError`` naming ``allocator`` if another
     live cache already claimed it (see ``radixkv.cache.allocator``). When
@@ -135,19 +145,11 @@ class RadixCache:
             )
         if events is not None and not isinstance(events, ChainHasher):
             raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
-        if host is not None:
-            if not isinstance(host, HostTier):
-                raise TypeError(f"host must be a HostTier or None, got {type(host).__name__}")
-            if host.allocator is allocator:
-                raise ValueError("host.allocator must be a pool of its own, not the device's")
-            if host.allocator.block_size != allocator.block_size:
-                raise ValueError(
-                    f"host.allocator.block_size must equal the device pool's "
-                    f"{allocator.block_size}, got {host.allocator.block_size}"
-                )
+        check_host_tier(host, allocator)
         self._alloc = allocator
-        self._order = make_eviction_order(eviction)
-        check_key(self._order, self._order.key(_Node(b"", b"", None, 0, 0)))
+        order = make_eviction_order(eviction)
+        check_key(order, order.key(_Node(b"", b"", None, 0, 0)))
+        self._order = order.bind(allocator.num_blocks, allocator.block_size)
         self._bs = allocator.block_size
         self._block_bytes = self._bs * _TOKEN_BYTES
         self._roots: dict[Hashable, _Root] = {}  # namespace_key(namespace) -> root
@@ -160,33 +162,20 @@ class RadixCache:
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
         self._stats = CacheStats()
-        self._events = None if events is None else EventLog(events, allocator.block_size)
-        self._dsz = 0 if events is None else len(events.root)  # bytes per digest
         self._max_pinned = max_pinned_blocks
         self._num_pinned = 0  # blocks in nodes with pinned > 0
         # (namespace key, the full-block bytes pin() was given) -> pinned prefix lengths in
         # bytes, one per pin() not yet undone
         self._pins: dict[tuple[Hashable, bytes], list[int]] = {}
-        # S3-FIFO's ghost, for an order that asks for it (eviction.Readmission)
-        self._readmit = getattr(self._order, "readmission", None)
-        if self._readmit is not None:
-            self._ghost: OrderedDict[tuple[int, bytes], int] = OrderedDict()
-            self._ghost_blocks = 0
-            self._ghost_cap = int(self._readmit.ghost_ratio * allocator.num_blocks)
-            self._protected: OrderedDict[int, _Node] = OrderedDict()  # id -> readmitted node
-            self._protected_blocks = 0
-            self._protect_cap = int(self._readmit.protect_ratio * allocator.num_blocks)
-        self._host = host
-        if host is not None:
-            self._host_alloc = host.allocator
-            self._copier = host.copier
-            self._host_order = make_eviction_order(host.eviction)
-            self._host_held = np.zeros(host.allocator.num_blocks, dtype=np.bool_)
-            self._host_leaves = SortedList()  # host eviction candidates (see _evict_host)
-            self._write_through = host.write_policy == "write_through"
-            self._write_through_hits = host.write_through_hits
-            self._loading: set[_Node] = set()  # nodes a load is bringing in: never deleted
-            host.allocator._claim(self, self._host_held)
+        self._events: TreeEvents | NoTreeEvents = (
+            NO_TREE_EVENTS if events is None else TreeEvents(events, allocator.block_size)
+        )
+        self._host: HostCopies | NoHostCopies = (
+            NO_HOST_COPIES
+            if host is None
+            else HostCopies(host, allocator, self._stats, self._events, self._unlink)
+        )
+        self._host.claim(self)
         allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
@@ -201,12 +190,12 @@ class RadixCache:
     @property
     def host(self) -> HostTier | None:
         """The host tier (``radixkv.cache.host``), None without one."""
-        return self._host
+        return self._host.tier
 
     @property
     def host_cached_blocks(self) -> int:
         """Host blocks holding a copy of some node (0 without a host tier). Complexity: O(1)."""
-        return 0 if self._host is None else self._host.used_blocks
+        return self._host.used_blocks
 
     @property
     def eviction(self) -> str:
@@ -215,14 +204,49 @@ class RadixCache:
     @property
     def events_hasher(self) -> ChainHasher | None:
         """The ``ChainHasher`` the events are hashed with; None when events are off."""
-        return None if self._events is None else self._events.hasher
+        return self._events.hasher
 
     def take_events(self) -> list[KVCacheEvent]:
         """The pending KV cache events, oldest first, and forget them; [] when events are off.
 
         Complexity: O(1).
         """
-        return [] if self._events is None else self._events.take()
+        return self._events.take()
+
+    def block_hashes(self, medium: str = MEDIUM) -> list[int]:
+        """The wire hashes (``ChainHasher.wire``) of every block the tree holds in ``medium``:
+        what its ``BlockStored`` / ``BlockRemoved`` events of that medium net out to.
+
+        ``medium`` is ``"GPU"`` (the device blocks, the default) or ``"CPU"``
+        (the host copies, with a host tier). Unordered (tree order); sort it to
+        compare. ``ValueError`` naming ``medium`` for another value, and
+        ``ValueError`` if events are off (no block has a hash). Changes nothing.
+        Complexity: O(cached blocks).
+
+        >>> from radixkv.cache.hashing import ChainHasher, chain_hashes
+        >>> hasher = ChainHasher("xxhash")
+        >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
+        >>> cache = RadixCache(alloc, events=hasher)
+        >>> blocks = alloc.alloc(2)
+        >>> cache.insert([1, 2, 3, 4], blocks)
+        0
+        >>> sorted(cache.block_hashes()) == sorted(chain_hashes(hasher, [1, 2, 3, 4], 2, None))
+        True
+        """
+        if medium not in _MEDIA:
+            raise ValueError(f"medium must be one of {_MEDIA}, got {medium!r}")
+        if self._events.hasher is None:
+            raise ValueError(
+                f"cache must be a radix cache with events on (events=ChainHasher(...)) for "
+                f"block_hashes, got {self!r}"
+            )
+        hashes = self._events.wire_hashes
+        device = medium == MEDIUM
+        out: list[int] = []
+        for node in self._iter_nodes():
+            if node.blocks if device else node.host is not None:
+                out += hashes(node)
+        return out
 
     @property
     def cached_blocks(self) -> int:
@@ -306,7 +330,7 @@ class RadixCache:
         build the result.
         """
         arr = as_token_array(tokens)
-        if self._host is not None:
+        if self._host.tiered:
             return self._match_tiers(arr, namespace, stats)
         node = self._root_of(namespace)
         bs, bb = self._bs, self._block_bytes
@@ -319,7 +343,8 @@ class RadixCache:
             counters.query_tokens += len(arr)
         if node is None or n_blocks == 0:
             return MatchResult(_EMPTY_BLOCKS, 0)
-        # The walk of ``_walk``, inlined: the hot path touches and collects as it goes.
+        # The walk of ``_walk``, inlined: the hot path touches and collects as it goes
+        # (measured: the call and a second pass cost ~5%).
         data = arr[: n_blocks * bs].tobytes()
         end = len(data)
         pos = 0
@@ -352,6 +377,44 @@ class RadixCache:
             counters.hit_tokens += num_tokens
         return MatchResult(blocks, num_tokens)
 
+    def _match_tiers(self, arr: np.ndarray, namespace: Hashable, stats: bool) -> MatchResult:
+        """``match`` with a host tier: the device prefix, and the host-only tokens past it.
+
+        Touches (and counts a hit on) every matched node of both tiers; with
+        ``write_through``, backs up each device node of the prefix whose hits
+        reach the threshold.
+        """
+        root = self._root_of(namespace)
+        self._clock += 1
+        clock = self._clock
+        counters = self._stats
+        if stats:
+            counters.num_matches += 1
+            counters.query_tokens += len(arr)
+        path, pos, split_child, split_at = self._walk(root, arr)
+        dev_path, dev_pos, dev_split, dev_split_at = self._host.device_part(
+            path, pos, split_child, split_at
+        )
+        touched = path
+        if dev_split is not None:
+            head = self._split(dev_split, dev_split_at)
+            dev_path = [*dev_path, head]
+            touched = dev_path
+        for node in touched:
+            node.last_access = clock
+            node.hits += 1
+        self._host.matched(dev_path)
+        num_tokens = dev_pos // _TOKEN_BYTES
+        host_tokens = (pos - dev_pos) // _TOKEN_BYTES
+        if stats:
+            counters.hit_tokens += num_tokens
+            counters.host_hit_tokens += host_tokens
+        if not dev_path:
+            return MatchResult(_EMPTY_BLOCKS, 0, host_tokens)
+        blocks = np.frombuffer(bytearray().join(n.blocks for n in dev_path), dtype=np.int32)
+        kernels.incref_held(self._rc, blocks)
+        return MatchResult(blocks, num_tokens, host_tokens)
+
     def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """Tokens ``match(tokens, namespace)`` would return now, changing nothing.
 
@@ -364,7 +427,7 @@ class RadixCache:
         down, counted by a compiled loop).
         """
         arr = as_token_array(tokens)
-        _, pos, _, _ = self._device_part(*self._walk(self._root_of(namespace), arr))
+        _, pos, _, _ = self._host.device_part(*self._walk(self._root_of(namespace), arr))
         return pos // _TOKEN_BYTES
 
     # ----------------------------------------------------------------- insert
@@ -421,20 +484,22 @@ class RadixCache:
         # Walk without changing anything, so validation can still fail cleanly.
         path, pos, split_child, split_at = self._walk(root, arr)
         node = path[-1] if path else root
-        num_cached = pos // bb
-        hosted = None  # host-only nodes on the path: they adopt the caller's blocks
-        if self._host is not None:
-            dev_path, dev_pos, _, _ = self._device_part(path, pos, split_child, split_at)
-            if dev_pos != pos:
-                hosted = path[len(dev_path) :]
-                num_cached = dev_pos // bb
+        # Host-only nodes on the path (past dev_pos) adopt the caller's first new blocks. The
+        # device nodes are a root-connected subtree: if the deepest one has blocks, all do.
+        if (path and not path[-1].blocks) or (split_child is not None and not split_child.blocks):
+            dev_path, dev_pos, _, _ = self._host.device_part(path, pos, split_child, split_at)
+        else:
+            dev_path, dev_pos = path, pos
+        num_cached = dev_pos // bb
         new = blk[num_cached:n_blocks]
         added = arr[pos // _TOKEN_BYTES : n_blocks * bs]  # the new leaf's tokens
         # Hash the new leaf's blocks before anything changes: a hasher that raises finds the
         # tree, the held map and the event log as they were.
-        chain = None
-        if self._events is not None and added.size:
-            chain = self._hash_leaf(node, split_child, split_at, namespace, added)
+        chain = (
+            self._events.hash_leaf(node, split_child, split_at, namespace, added)
+            if added.size
+            else None
+        )
         # Validates all of blk, and marks the adopted blocks held (undone if it fails).
         reason, i = kernels.claim_for_insert(self._rc, self._held, blk, num_cached, n_blocks)
         if reason:
@@ -470,17 +535,15 @@ class RadixCache:
                 node.last_access = clock
                 if priority > node.priority:
                     node.priority = priority
-                if hosted is not None:
+            if dev_pos != pos:
+                hosted = path[len(dev_path) :]
+                if split_child is not None:
                     hosted.append(node)  # the split's head is host-only too
-            if hosted is not None:
                 rest = self._promote(hosted, new)
             if rest.size:
                 data = added.tobytes()
-                digests = None
-                if chain is not None:
-                    hashes, chain_parent, extra = chain
-                    self._events.stored(hashes, chain_parent, added, extra)
-                    digests = b"".join(hashes)
+                # what hash_leaf hashed (nothing with events off) goes in the log and the leaf
+                digests = None if chain is None else self._events.store_leaf(chain, added)
                 leaf = _Node(
                     data,
                     rest.tobytes(),
@@ -495,23 +558,19 @@ class RadixCache:
                 if node.children is _NO_CHILDREN:
                     node.children = {}
                 node.children[data[:bb]] = leaf
-                if self._readmit is not None:
-                    self._readmit_leaf(node, leaf)
+                lapsed = self._order.on_insert(node, leaf)
                 self._index(leaf)
-                if leaf.readmitted:
-                    self._enforce_protect_cap()
+                for n in lapsed:  # keys the order lowered: re-filed at once
+                    if n.entry is not None:
+                        self._forget_entry(n)
+                        self._index(n)
             self._alloc.incref_distinct(new)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
             # Last, once the tree is whole: a copier that raises leaves the leaf cached
             # without a host copy.
-            if (
-                leaf is not None
-                and self._host is not None
-                and self._write_through
-                and not self._write_through_hits
-            ):
-                self._backup(leaf)
+            if leaf is not None:
+                self._host.inserted(leaf)
         return num_cached * bs
 
     # -------------------------------------------------------------------- pin
@@ -541,7 +600,7 @@ class RadixCache:
         arr = as_token_array(tokens)
         ns_key, root = self._lookup_root(namespace)
         # Only the device prefix can be pinned: a host-only node is already evicted.
-        path, pos, split_child, split_at = self._device_part(*self._walk(root, arr))
+        path, pos, split_child, split_at = self._host.device_part(*self._walk(root, arr))
         if split_child is not None:
             path = [*path, split_child]  # only its first split_at blocks will be pinned
         added = sum(n.num_blocks for n in path if not n.pinned)
@@ -583,15 +642,24 @@ class RadixCache:
         pos = stack.pop()
         if not stack:
             del self._pins[key]
-        path, matched, split_child, _ = self._walk(self._roots[ns_key], arr[: pos // _TOKEN_BYTES])
-        invariant(
-            matched == pos and split_child is None, "a pinned prefix no longer ends at a node"
-        )
-        for node in path:
+        for node in self._pinned_path(ns_key, key[1], pos):
             node.pinned -= 1
             if not node.pinned:
                 self._num_pinned -= node.num_blocks
         return pos // _TOKEN_BYTES
+
+    def _pinned_path(self, ns_key: Hashable, data: bytes, pos: int) -> list[_Node]:
+        """The nodes of a pinned prefix (the first ``pos`` bytes of ``data`` under ``ns_key``).
+
+        ``InvariantError`` if the prefix no longer ends at a node of the tree
+        (``pin`` split it there and eviction skips pinned nodes).
+        """
+        root = self._roots.get(ns_key)
+        invariant(root is not None, "a pin's namespace holds nothing")
+        path, matched, split_child, _ = self._walk(root, np.frombuffer(data[:pos], np.int32))
+        invariant(split_child is None, "a pinned prefix does not end at a node")
+        invariant(matched == pos, "a pinned prefix left the tree")
+        return path
 
     # ------------------------------------------------------------------ evict
     def evict(self, num_blocks: int) -> int:
@@ -602,21 +670,23 @@ class RadixCache:
         never freed and its node stays: a leaf whose last block is held is
         skipped; a leaf of which only a head part is held is split there and
         its free tail evicted. A parent becomes a candidate once its last child
-        is gone; a namespace's root goes with its last child. Returns the
-        number of blocks freed. ``num_blocks`` is any int ``>= 0`` (``10**30``
-        too); ``ValueError`` / ``TypeError`` otherwise, before any change. A
-        custom order whose key is no tuple raises ``TypeError`` (what was
-        evicted before stays evicted; the index stays whole). With events on,
-        records one ``BlockRemoved`` per block that leaves the tree.
+        is gone; a namespace's root goes with its last child. With a host tier,
+        a leaf with a host copy (made now under ``write_back``) stays as a
+        host-only node. Returns the number of blocks freed. ``num_blocks`` is
+        any int ``>= 0`` (``10**30`` too); ``ValueError`` / ``TypeError``
+        otherwise, before any change. A custom order whose key is no tuple
+        raises ``TypeError`` (what was evicted before stays evicted; the index
+        stays whole). With events on, records one ``BlockRemoved`` per block
+        that leaves the device.
 
         Complexity: O((evicted + skipped leaves) * log leaves), plus O(blocks freed).
         """
         check_num_blocks(num_blocks)
-        alloc, leaves, held, bb = self._alloc, self._leaves, self._held, self._block_bytes
-        rc = alloc.refcount_array
+        leaves = self._leaves
+        rc = self._alloc.refcount_array
         last_busy = kernels.last_busy
         key = self._order.key
-        log = self._events
+        host = self._host
         freed = 0
         skipped = []
         try:  # an order whose key turns bad mid-way (TypeError) leaves the index whole
@@ -647,38 +717,67 @@ class RadixCache:
                     # re-insert): split it off; the node object stays the free tail.
                     self._split(node, keep)
                     ids = node.block_ids()
-                if self._host is not None:
-                    try:
-                        freed += self._evict_to_host(node, ids)
-                    except BaseException:
-                        if node.entry is entry:  # the backup failed: the leaf is as it was
-                            skipped.append(entry)
-                        raise
-                    self._copier.discard(ids)  # last: a copier that raises finds the tree whole
-                    continue
-                node.entry = None
-                parent = node.parent
-                if self._readmit is not None:
-                    self._unprotect(node)
-                    self._remember(parent, node)
-                del parent.children[node.key[:bb]]  # a parent's children are a dict
-                node.parent = None
-                freed += alloc.decref_distinct(ids)
-                if log is not None:
-                    log.removed(self._digest_list(node.digests))
-                kernels.set_flags(held, ids, False)
-                self._num_cached -= len(ids)
-                if not parent.children:
-                    parent.children = _NO_CHILDREN
-                    if parent.parent is not None:
-                        self._index(parent)
-                    else:  # the namespace holds nothing more: forget it
-                        del self._roots[parent.ns_key]
+                try:
+                    freed += self._evict_leaf(node, ids)
+                except BaseException:
+                    if node.entry is entry:  # the backup failed: the leaf is as it was
+                        skipped.append(entry)
+                    raise
+                host.discard(ids)  # last: a copier that raises finds the tree whole
         finally:
             for entry in skipped:
                 leaves.add(entry)
             self._stats.evicted_blocks += freed
         return freed
+
+    def _evict_leaf(self, node: _Node, ids: np.ndarray) -> int:
+        """Free leaf ``node``'s device blocks ``ids`` (no request holds them); return the count.
+
+        With a host copy (``HostCopies.keeps``: made now under ``write_back``)
+        the node stays, host-only; without one it is deleted, with any host-only
+        nodes below it. Only the host backup can raise, before any change.
+        """
+        host = self._host
+        kept = host.keeps(node)
+        node.entry = None
+        parent = node.parent
+        self._order.on_evict(parent, node, not kept)
+        freed = self._alloc.decref_distinct(ids)
+        kernels.set_flags(self._held, ids, False)
+        self._num_cached -= len(ids)
+        self._events.removed(node)
+        if kept:
+            node.blocks = b""
+            if parent.parent is not None and parent.entry is None and not _has_device_child(parent):
+                self._index(parent)
+            host.offloaded(node)
+        else:
+            host.drop_below(node)
+            self._unlink(node)
+        return freed
+
+    def _unlink(self, node: _Node) -> None:
+        """Delete ``node`` (no device blocks of its own left, no children) from its parent and
+        re-file the parent: a device leaf when it has no device child left, a host candidate
+        when it is host-only and childless; a root goes with its last child."""
+        parent = node.parent
+        del parent.children[node.key[: self._block_bytes]]  # a parent's children are a dict
+        node.parent = None
+        if not parent.children:
+            parent.children = _NO_CHILDREN
+            if parent.parent is None:  # the namespace holds nothing more: forget it
+                del self._roots[parent.ns_key]
+            elif not parent.blocks:
+                self._host.offloaded(parent)
+            elif parent.entry is None:
+                self._index(parent)
+        elif (
+            parent.parent is not None
+            and parent.blocks
+            and parent.entry is None
+            and not _has_device_child(parent)
+        ):
+            self._index(parent)
 
     def reset(self) -> None:
         """Drop the tree's reference on every block it holds and empty the tree.
@@ -688,22 +787,15 @@ class RadixCache:
         Complexity: O(cached blocks).
         """
         release_held(self._alloc, self._held)
-        if self._host is not None:
-            release_held(self._host_alloc, self._host_held)
-            self._host_leaves.clear()
-        if self._events is not None:
-            self._events.cleared()
+        self._host.reset()
+        self._events.cleared()
         self._roots.clear()
         self._leaves.clear()
         self._num_dead = 0
         self._num_cached = 0
         self._pins.clear()
         self._num_pinned = 0
-        if self._readmit is not None:
-            self._ghost.clear()
-            self._ghost_blocks = 0
-            self._protected.clear()
-            self._protected_blocks = 0
+        self._order.on_reset()
 
     # ------------------------------------------------------------- host tier
     def load(
@@ -738,10 +830,10 @@ class RadixCache:
         nodes = [n for n in path if not n.blocks]
         if split_child is not None and not split_child.blocks:
             nodes.append(self._split(split_child, split_at))
-        alloc = self._alloc
+        alloc, host = self._alloc, self._host
         parts = [m.block_array]
         loaded = 0
-        self._loading.update(nodes)
+        host.hold(nodes)
         try:
             need = sum(n.num_blocks for n in nodes)
             if alloc.num_free < need:
@@ -752,7 +844,7 @@ class RadixCache:
                     break
                 ids = alloc.alloc_array(k)  # the tree's reference
                 try:
-                    self._copier.load(node.host_ids(), ids)
+                    host.copy_in(node, ids)
                 except BaseException:
                     alloc.unalloc(ids)  # the node stays host-only
                     raise
@@ -767,7 +859,7 @@ class RadixCache:
                 alloc.decref_distinct(part)
             raise
         finally:
-            self._loading.difference_update(nodes)
+            host.release(nodes)
             self._stats.loaded_blocks += loaded
         moved = loaded * self._bs
         blocks = np.concatenate(parts) if loaded else m.block_array
@@ -783,60 +875,7 @@ class RadixCache:
         Complexity: O((freed + skipped candidates) * log candidates).
         """
         check_num_blocks(num_blocks)
-        return 0 if self._host is None else self._evict_host(num_blocks)
-
-    def _match_tiers(self, arr: np.ndarray, namespace: Hashable, stats: bool) -> MatchResult:
-        """``match`` with a host tier: the device prefix, and the host-only tokens past it.
-
-        Touches (and counts a hit on) every matched node of both tiers; with
-        ``write_through``, backs up each device node of the prefix whose hits
-        reach the threshold.
-        """
-        root = self._root_of(namespace)
-        self._clock += 1
-        clock = self._clock
-        counters = self._stats
-        if stats:
-            counters.num_matches += 1
-            counters.query_tokens += len(arr)
-        path, pos, split_child, split_at = self._walk(root, arr)
-        dev_path, dev_pos, dev_split, dev_split_at = self._device_part(
-            path, pos, split_child, split_at
-        )
-        touched = path
-        if dev_split is not None:
-            head = self._split(dev_split, dev_split_at)
-            dev_path = [*dev_path, head]
-            touched = dev_path
-        for node in touched:
-            node.last_access = clock
-            node.hits += 1
-        if self._write_through:
-            need = self._write_through_hits
-            for node in dev_path:
-                if node.host is None and node.hits >= need:
-                    self._backup(node)
-        num_tokens = dev_pos // _TOKEN_BYTES
-        host_tokens = (pos - dev_pos) // _TOKEN_BYTES
-        if stats:
-            counters.hit_tokens += num_tokens
-            counters.host_hit_tokens += host_tokens
-        if not dev_path:
-            return MatchResult(_EMPTY_BLOCKS, 0, host_tokens)
-        blocks = np.frombuffer(bytearray().join(n.blocks for n in dev_path), dtype=np.int32)
-        kernels.incref_held(self._rc, blocks)
-        return MatchResult(blocks, num_tokens, host_tokens)
-
-    def _device_part(
-        self, path: list[_Node], pos: int, split_child: _Node | None, split_at: int
-    ) -> tuple[list[_Node], int, _Node | None, int]:
-        """A ``_walk`` result cut to its device-resident part (the same, with no host tier)."""
-        for i, node in enumerate(path):
-            if not node.blocks:
-                return path[:i], path[i - 1].depth_end * _TOKEN_BYTES if i else 0, None, 0
-        if split_child is not None and not split_child.blocks:
-            return path, pos - split_at * self._block_bytes, None, 0
-        return path, pos, split_child, split_at
+        return self._host.evict(num_blocks)
 
     def _promote(self, nodes: list[_Node], new: np.ndarray) -> np.ndarray:
         """Give the host-only ``nodes`` (top-down, a chain) the caller's ``new`` blocks, in order.
@@ -859,317 +898,10 @@ class RadixCache:
         if parent.entry is not None:
             self._forget_entry(parent)  # it has a device child now
         self._index(node)  # its children, if any, are host-only
-        if node.host_entry is None:  # a mirror now: always a host candidate
-            self._index_host(node)
-        log = self._events
-        if log is not None:
-            _, chain_parent, extra = self._chain_start(parent)
-            log.stored(self._digest_list(node.digests), chain_parent, node.tokens(), extra)
-
-    def _backup(self, node: _Node) -> bool:
-        """Copy device-resident ``node`` to newly taken host blocks; False if none can be had.
-
-        Evicts from the host first when it is short (never ``node`` itself, which
-        has no copy yet). A copier that raises leaves ``node`` without a copy and
-        its host blocks free (what the host eviction freed stays free).
-        Complexity: O(blocks) plus the host eviction and the copy.
-        """
-        k = node.num_blocks
-        halloc = self._host_alloc
-        if halloc.num_free < k:
-            self._evict_host(k - halloc.num_free)
-            if halloc.num_free < k:
-                return False
-        hids = halloc.alloc_array(k)  # the tree's one reference
-        try:
-            self._copier.backup(node.block_ids(), hids)
-        except BaseException:
-            halloc.unalloc(hids)  # a copy that failed holds no host block
-            raise
-        node.host = hids.tobytes()
-        kernels.set_flags(self._host_held, hids, True)
-        self._index_host(node)
-        self._stats.backed_up_blocks += k
-        log = self._events
-        if log is not None:
-            _, chain_parent, extra = self._chain_start(node.parent)
-            log.stored(
-                self._digest_list(node.digests), chain_parent, node.tokens(), extra, HOST_MEDIUM
-            )
-        return True
-
-    def _evict_to_host(self, node: _Node, ids: np.ndarray) -> int:
-        """Device eviction of leaf ``node`` (its free ``ids``) with a host tier; blocks freed.
-
-        With a host copy (made now under ``write_back``) the node stays, host-only;
-        without one it is deleted with its host-only subtree. Only the backup can
-        raise (the copier's), before any change: ``node`` stays a device leaf, its
-        entry popped (the caller re-files it). The caller tells the copier to
-        discard ``ids`` after.
-        """
-        n = len(ids)
-        if node.host is None and not self._write_through and not self._backup(node):
-            self._stats.skipped_backup_blocks += n
-        node.entry = None
-        if self._readmit is not None:
-            self._unprotect(node)  # protection is for device blocks
-            if node.host is None:
-                self._remember(node.parent, node)
-        freed = self._alloc.decref_distinct(ids)
-        kernels.set_flags(self._held, ids, False)
-        self._num_cached -= n
-        if self._events is not None:
-            self._events.removed(self._digest_list(node.digests))
-        if node.host is None:
-            self._drop_subtree(node)
-            self._unlink(node)
-        else:
-            node.blocks = b""
-            parent = node.parent
-            if parent.parent is not None and parent.entry is None and not _has_device_child(parent):
-                self._index(parent)
-            if not node.children and node.host_entry is None:
-                self._index_host(node)
-        return freed
-
-    def _evict_host(self, num_blocks: int) -> int:
-        """Free host blocks from the front of the host index (``evict_host``)."""
-        leaves = self._host_leaves
-        key = self._host_order.key
-        loading = self._loading
-        freed = 0
-        skipped = []
-        try:
-            while freed < num_blocks and leaves:
-                entry = leaves.pop(0)
-                node = entry[-1]
-                if node.host_entry is not entry:
-                    continue  # dead: re-filed, or its copy is gone
-                if node.host is None or (not node.blocks and node.children):
-                    node.host_entry = None  # not a candidate now; re-filed when it is
-                    continue
-                fresh = key(node)
-                if entry[:-2] != fresh:
-                    self._index_host(node)
-                    continue
-                if node in loading:
-                    skipped.append(entry)
-                    continue
-                node.host_entry = None
-                freed += self._release_host(node)
-                if not node.blocks:
-                    self._unlink(node)
-        finally:
-            for entry in skipped:
-                leaves.add(entry)
-        return freed
-
-    def _release_host(self, node: _Node) -> int:
-        """Drop ``node``'s host copy; return its blocks."""
-        hids = node.host_ids()
-        self._host_alloc.decref_distinct(hids)
-        kernels.set_flags(self._host_held, hids, False)
-        node.host = None
-        self._stats.host_evicted_blocks += len(hids)
-        if self._events is not None:
-            self._events.removed(self._digest_list(node.digests), HOST_MEDIUM)
-        return len(hids)
-
-    def _drop_subtree(self, node: _Node) -> None:
-        """Delete every node below ``node`` (all host-only, as its device blocks are going)."""
-        stack = list(node.children.values())
-        while stack:
-            child = stack.pop()
-            invariant(child not in self._loading, "a host node a load holds was deleted")
-            child.host_entry = None
-            self._release_host(child)
-            child.parent = None
-            stack.extend(child.children.values())
-        node.children = _NO_CHILDREN
-
-    def _unlink(self, node: _Node) -> None:
-        """Delete leaf ``node`` (no blocks of its own left) from its parent; re-file the parent.
-
-        The parent becomes a device leaf when it has no device child left, a
-        host candidate when it is host-only and childless; a root goes with its
-        last child.
-        """
-        parent = node.parent
-        del parent.children[node.key[: self._block_bytes]]
-        node.parent = None
-        if not parent.children:
-            parent.children = _NO_CHILDREN
-        if parent.parent is None:
-            if not parent.children:
-                del self._roots[parent.ns_key]
-            return
-        if parent.blocks:
-            if parent.entry is None and not _has_device_child(parent):
-                self._index(parent)
-        elif not parent.children and parent.host_entry is None:
-            self._index_host(parent)
-
-    def _index_host(self, node: _Node) -> None:
-        key = self._host_order.key(node)
-        self._uid += 1
-        node.host_entry = (*key, self._uid, node)
-        leaves = self._host_leaves
-        leaves.add(node.host_entry)
-        if len(leaves) > 64 + 2 * self._host.used_blocks:  # mostly dead entries: rebuild
-            self._host_leaves = SortedList(e for e in leaves if e[-1].host_entry is e)
-
-    def _check_host(self, nodes: list[_Node]) -> None:
-        """The host tier's invariants over every node of the tree (``check``)."""
-        bb = self._block_bytes
-        invariant(not self._loading, "nodes are still marked loading outside a load")
-        live = set(map(id, self._host_leaves))
-        copies: list[np.ndarray] = []
-        for node in nodes:
-            parent = node.parent
-            if node.blocks:
-                invariant(
-                    parent.parent is None or parent.blocks,
-                    "device-resident nodes are not a root-connected subtree",
-                )
-            else:
-                invariant(node.host is not None, "an evicted node has no host copy")
-            if node.host is None:
-                continue
-            invariant(
-                len(node.host) // _ID_BYTES * bb == len(node.key),
-                "a node's host copy does not span its tokens (a split cut the tiers apart)",
-            )
-            copies.append(node.host_ids())
-            if node.blocks or not node.children:
-                entry = node.host_entry
-                invariant(
-                    entry is not None and id(entry) in live and entry[-1] is node,
-                    "a host eviction candidate is missing from the host index",
-                )
-        ids = np.concatenate(copies) if copies else _EMPTY_BLOCKS
-        halloc = self._host_alloc
-        invariant(len(np.unique(ids)) == len(ids), "a host block is held by two nodes")
-        invariant(
-            not ids.size or (ids.min() >= 0 and ids.max() < halloc.num_blocks),
-            "a node holds a host block id out of range",
-        )
-        held = np.zeros_like(self._host_held)
-        held[ids] = True
-        invariant((held == self._host_held).all(), "host held-block map disagrees with the tree")
-        invariant(
-            (halloc.refcount_array == held).all(),
-            "a host block is held by someone besides the tree, or a copy's block is free",
-        )
-        invariant(self._host.used_blocks <= halloc.num_blocks, "host usage passed its capacity")
-        halloc.check()
-
-    # ------------------------------------------------------------- readmission
-    def _remember(self, parent: _Node, node: _Node) -> None:
-        """Put deleted leaf ``node`` (under ``parent``) in the ghost; drop its oldest entries."""
-        key = (parent.depth_end, node.key[: self._block_bytes])
-        ghost = self._ghost
-        old = ghost.pop(key, None)
-        if old is not None:
-            self._ghost_blocks -= old
-        n = node.num_blocks
-        ghost[key] = n
-        self._ghost_blocks += n
-        while self._ghost_blocks > self._ghost_cap and ghost:
-            self._ghost_blocks -= ghost.popitem(last=False)[1]
-
-    def _readmit_leaf(self, parent: _Node, leaf: _Node) -> None:
-        """Readmit new ``leaf`` if the ghost remembers a leaf deleted from its place."""
-        n = self._ghost.pop((parent.depth_end, leaf.key[: self._block_bytes]), None)
-        if n is None:
-            return
-        self._ghost_blocks -= n
-        leaf.readmitted = True
-        self._protected[id(leaf)] = leaf
-        self._protected_blocks += leaf.num_blocks
-
-    def _unprotect(self, node: _Node) -> None:
-        if node.readmitted:
-            node.readmitted = False
-            del self._protected[id(node)]
-            self._protected_blocks -= node.num_blocks
-
-    def _enforce_protect_cap(self) -> None:
-        """Lapse the oldest readmissions until the readmitted blocks fit the cap.
-
-        A lapse lowers the node's key, which a touch never does, so a leaf is
-        re-filed at once. Complexity: O(log leaves) per lapse.
-        """
-        protected = self._protected
-        while self._protected_blocks > self._protect_cap and protected:
-            _, node = protected.popitem(last=False)
-            node.readmitted = False
-            self._protected_blocks -= node.num_blocks
-            if node.entry is not None:
-                self._forget_entry(node)
-                self._index(node)
-
-    def _check_readmission(self) -> None:
-        """Readmitted nodes are exactly the protected queue's, on the device, within the cap;
-        the ghost's block count is its entries' and within its bound."""
-        flagged = [n for n in self._iter_nodes() if n.readmitted]
-        if self._readmit is None:
-            invariant(not flagged, "a node is readmitted by an order without a ghost")
-            return
-        protected = self._protected
-        invariant(
-            len(flagged) == len(protected) and all(protected.get(id(n)) is n for n in flagged),
-            "readmitted nodes and the protected queue disagree",
-        )
-        invariant(all(n.blocks for n in flagged), "a readmitted node is not on the device")
-        blocks = sum(n.num_blocks for n in flagged)
-        invariant(blocks == self._protected_blocks, "readmitted blocks miscounted")
-        invariant(blocks <= self._protect_cap, "readmitted blocks passed their cap")
-        invariant(
-            sum(self._ghost.values()) == self._ghost_blocks <= self._ghost_cap,
-            "the ghost's block count is off or past its bound",
-        )
+        self._host.attached(node)
+        self._events.stored(node)
 
     # ------------------------------------------------------------- internals
-    def _chain_start(self, node: _Node) -> tuple[bytes, bytes | None, tuple | None]:
-        """Where a chain below ``node`` starts: (parent digest to hash from, event parent, extra).
-
-        Below a root: the hasher's root, no event parent, the namespace's extra
-        keys; below any other node: its last block's digest, twice, no extra.
-        """
-        if node.parent is None:
-            assert isinstance(node, _Root)
-            return self._events.hasher.root, None, namespace_extra_keys(node.namespace)
-        last = node.digests[-self._dsz :]
-        return last, last, None
-
-    def _hash_leaf(
-        self,
-        node: _Node | None,
-        split_child: _Node | None,
-        split_at: int,
-        namespace: Hashable,
-        tokens: np.ndarray,
-    ) -> tuple[list[bytes], bytes | None, tuple | None]:
-        """The digests of a new leaf's ``tokens``, its event parent and extra keys; no change.
-
-        The leaf goes below ``node`` (None: the root ``namespace`` does not have
-        yet), or below the head of ``split_child`` cut after ``split_at`` blocks.
-        """
-        hasher = self._events.hasher
-        if split_child is not None:
-            dsz = self._dsz
-            start = parent = split_child.digests[(split_at - 1) * dsz : split_at * dsz]
-            extra = None
-        elif node is None:
-            start, parent, extra = hasher.root, None, namespace_extra_keys(namespace)
-        else:
-            start, parent, extra = self._chain_start(node)
-        return hasher.hashes(start, tokens, self._bs, extra), parent, extra
-
-    def _digest_list(self, digests: bytes) -> list[bytes]:
-        dsz = self._dsz
-        return [digests[i : i + dsz] for i in range(0, len(digests), dsz)]
-
     def _root_of(self, namespace: Hashable) -> _Root | None:
         """The namespace's root, None if it holds nothing; raises as ``_lookup_root``."""
         return self._lookup_root(namespace)[1]
@@ -1183,8 +915,8 @@ class RadixCache:
         """
         ns_key = namespace_key(namespace)
         root = self._roots.get(ns_key)
-        if root is None and self._events is not None:
-            self._events.hasher.check_namespace(namespace)
+        if root is None:
+            self._events.check_namespace(namespace)
         return ns_key, root
 
     def _walk(
@@ -1195,7 +927,7 @@ class RadixCache:
         Returns ``(path, pos, split_child, split_at)``: the nodes wholly matched,
         in order; the matched length in bytes of int32 tokens; and, where the
         match ends ``split_at >= 1`` blocks inside a further node, that node
-        (else None and 0). ``peek`` and ``insert`` use it; ``match`` inlines
+        (else None and 0). Every walk but ``match``'s uses it; ``match`` inlines
         the same loop (measured: the call and the second pass cost ~5%).
         """
         bs, bb = self._bs, self._block_bytes
@@ -1229,7 +961,8 @@ class RadixCache:
 
         The head takes the node's place under its parent; the node object
         itself becomes the tail, keeping its children (so they need no
-        re-parenting), its depth_end and its leaf-index entry.
+        re-parenting), its depth_end and its leaf-index entry. The events, the
+        order and the host tier split their parts of the node alongside.
         """
         bb = self._block_bytes
         cut = k * bb
@@ -1249,22 +982,11 @@ class RadixCache:
         parent.children[node.key[:bb]] = head
         node.key = node.key[cut:]
         node.blocks = node.blocks[k * _ID_BYTES :]
-        digests = node.digests
-        if digests is not None:  # events on: the digests split with the blocks
-            dcut = k * self._dsz
-            head.digests = digests[:dcut]
-            node.digests = digests[dcut:]
+        self._events.split(head, node, k)
         node.parent = head
         head.children = {node.key[:bb]: node}
-        if node.readmitted:  # both halves stay readmitted; the blocks' count is unchanged
-            head.readmitted = True
-            self._protected[id(head)] = head
-        host = node.host
-        if host is not None:  # a host copy splits at the same boundary as the blocks
-            head.host = host[: k * _ID_BYTES]
-            node.host = host[k * _ID_BYTES :]
-            if head.blocks:  # a mirror of a device-resident node: a host eviction candidate
-                self._index_host(head)
+        self._order.on_split(head, node)
+        self._host.split(head, node, k)
         return head
 
     def _index(self, node: _Node) -> None:
@@ -1301,15 +1023,14 @@ class RadixCache:
         events on, also that every node's digests are a fresh recomputation of
         its chain from its parent's last digest (the root's: the hasher's root
         and the namespace's extra keys); with events off, that no node keeps any.
-        With a host tier, also its invariants (``radixkv.cache.host``): device
-        nodes form a root-connected subtree, an evicted node has a host copy
-        spanning its tokens, host blocks are distinct and held by the tree
-        alone, every host candidate is indexed, and the host allocator's own.
+        The eviction order checks its own state (``EvictionOrder.check``). With
+        a host tier, also its invariants (``HostCopies.check``); without one,
+        that no node has a host copy.
         Complexity: O(nodes + cached blocks + num_blocks), plus hashing every
         cached token with events on.
         """
         bb = self._block_bytes
-        log = self._events
+        events = self._events
         key_of = self._order.key
         seen_blocks: list[np.ndarray] = []
         leaves = 0
@@ -1339,20 +1060,10 @@ class RadixCache:
                         child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES,
                         "a node's depth_end is not its parent's plus its own tokens",
                     )
-                    if log is None:
-                        invariant(child.digests is None, "a node keeps digests with events off")
-                    else:
-                        start, _, extra = self._chain_start(node)
-                        fresh_digests = log.hasher.hashes(start, child.tokens(), self._bs, extra)
-                        invariant(
-                            child.digests == b"".join(fresh_digests),
-                            "a node's event digests are not its chain's hashes",
-                        )
+                    events.check(node, child)
                     stack.append(child)
                 if node is not root:
                     seen_blocks.append(node.block_ids())
-                    if self._host is None:
-                        invariant(node.host is None, "a node has a host copy with no host tier")
                     if not node.blocks or _has_device_child(node):
                         invariant(
                             node.entry is None, "an interior or host-only node is in the leaf index"
@@ -1374,22 +1085,16 @@ class RadixCache:
         want: dict[int, int] = {}
         for (ns_key, data), lengths in self._pins.items():
             for pos in lengths:
-                root = self._roots.get(ns_key)
-                invariant(root is not None, "a pin's namespace holds nothing")
-                node, at = root, 0
-                while at < pos:  # walk the pinned prefix node by node (it ends at a node)
-                    child = node.children.get(data[at : at + bb])
-                    invariant(child is not None, "a pinned prefix left the tree")
-                    want[id(child)] = want.get(id(child), 0) + 1
-                    node, at = child, at + len(child.key)
-                invariant(at == pos, "a pinned prefix does not end at a node")
+                for node in self._pinned_path(ns_key, data, pos):
+                    want[id(node)] = want.get(id(node), 0) + 1
+        nodes = list(self._iter_nodes())
         pinned_blocks = 0
-        for node in self._iter_nodes():
+        for node in nodes:
             invariant(node.pinned == want.get(id(node), 0), "a node's pin count is off")
             if node.pinned:
                 pinned_blocks += node.num_blocks
         invariant(pinned_blocks == self._num_pinned, "pinned_blocks count is off")
-        self._check_readmission()
+        self._order.check(nodes)
         invariant(self._num_pinned <= self._max_pinned, "pins passed max_pinned_blocks")
         dead = sum(1 for e in self._leaves if e[-1].entry is not e)
         invariant(dead == self._num_dead, "dead leaf-index entries miscounted")
@@ -1397,8 +1102,7 @@ class RadixCache:
         blocks = np.concatenate(seen_blocks) if seen_blocks else _EMPTY_BLOCKS
         invariant(len(np.unique(blocks)) == len(blocks), "a block is held by two nodes")
         invariant(len(blocks) == self._num_cached, "cached_blocks count is off")
-        if self._host is not None:
-            self._check_host(list(self._iter_nodes()))
+        self._host.check(nodes)
         invariant(
             not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
             "a node holds a block id out of range",
@@ -1450,7 +1154,10 @@ class RadixCache:
 
 
 def _has_device_child(node: _Node) -> bool:
-    return any(child.blocks for child in node.children.values())
+    for child in node.children.values():
+        if child.blocks:
+            return True
+    return False
 
 
 def _abbrev(values: list[int], limit: int) -> str:

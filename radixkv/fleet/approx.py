@@ -2,7 +2,7 @@
 decisions (the Gateway API inference extension's prefix-cache proposal).
 
 Routing a request to a replica records its chained hashes
-(:func:`~radixkv.fleet.chain.chain_hashes`) there; a per-replica LRU sized like
+(:func:`~radixkv.cache.hashing.chain_hashes`) there; a per-replica LRU sized like
 the replica's pool and a global cap on entries stand in for the
 replica's own eviction; an optional TTL adds a wall-clock bound. Times come
 from an injectable clock; an explicit ``now`` must never go back. Not thread-safe.

@@ -59,7 +59,7 @@ class ExactIndex(_Clocked):
     ``BlockStored`` adds its ``block_hashes``, a ``BlockRemoved`` removes its
     hashes, ``AllBlocksCleared`` empties the replica. The hashes are wire ints
     (``ChainHasher.wire``), so requests must be hashed with the replicas'
-    recipe and seed (:func:`~radixkv.fleet.chain.chain_hashes`). Parent hashes are not needed: a
+    recipe and seed (:func:`~radixkv.cache.hashing.chain_hashes`). Parent hashes are not needed: a
     request's chain is walked from its first block and stops at the first
     miss. The index tracks the device tier: events whose ``medium`` is
     ``"CPU"`` (a replica's host tier, ``radixkv.cache.host``) are skipped, so

@@ -22,14 +22,14 @@ Times come from an injectable clock (``time.monotonic`` by default); an
 explicit ``now`` must never go back. Not thread-safe.
 
 This module gathers the names; each lives in a module of its own:
-:mod:`~radixkv.fleet.chain` (:func:`chain_hashes`), :mod:`~radixkv.fleet.approx`,
+:func:`~radixkv.cache.hashing.chain_hashes`, :mod:`~radixkv.fleet.approx`,
 :mod:`~radixkv.fleet.exact` and :mod:`~radixkv.fleet.index_base` (the clock).
 """
 
 from __future__ import annotations
 
+from radixkv.cache.hashing import chain_hashes
 from radixkv.fleet.approx import ApproxIndex
-from radixkv.fleet.chain import chain_hashes
 from radixkv.fleet.exact import ExactIndex
 from radixkv.fleet.index_base import Clock
 

@@ -33,9 +33,9 @@ from typing import Any, ClassVar
 import numpy as np
 import xxhash
 
-from radixkv.cache.events import ChainHasher, KVCacheEvent, namespace_extra_keys
+from radixkv.cache.events import KVCacheEvent
+from radixkv.cache.hashing import ChainHasher, chain_hashes, namespace_extra_keys
 from radixkv.fleet.approx import ApproxIndex
-from radixkv.fleet.chain import chain_hashes
 from radixkv.fleet.exact import ExactIndex
 from radixkv.fleet.index_base import Clock
 from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
