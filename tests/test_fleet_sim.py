@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from radixkv.cli import main
 from radixkv.fleet.protocol import ReplicaState, RouteRequest
+from radixkv.fleet.replica import Replica
+from radixkv.fleet.results import RunTally, SimResult, roll_up
 from radixkv.fleet.sim import (
     SERVICE_PROFILES,
     BatchConfig,
@@ -109,6 +111,47 @@ def test_round_robin_on_two_replicas_matches_hand_computed_hits() -> None:
     assert res.served == [2, 2]
     assert res.max_mean_load == 1.0
     check_clean(sim)
+
+
+def test_the_tally_counts_regret_and_the_roll_up_derives_the_figures() -> None:
+    tally = RunTally(3)
+    # Request 0 (4 blocks): replica 1 holds 3, the router picks replica 0 (holds 1).
+    tally.record_route(0, 0, [1, 3], 4, 2000)
+    tally.record_route(1, 1, [0, 2], 5, 4000)  # its best: lost 0, novel 3
+    tally.record_route(2, 0, [0, 0], 2, 6000)
+    assert tally.replica.tolist() == [0, 1, 0]
+    assert (tally.lost_blocks, tally.novel_blocks) == (2, 1 + 3 + 2)
+    tally.hit_ids[:] = [1, 2, 0]
+    tally.ttft[:] = [1.0, 2.0, 3.0]
+    reps = [Replica(k, 16, 1, "lru") for k in range(2)]
+    reps[0].served, reps[0].busy_time, reps[0].work = 2, 3.0, 3.0
+    reps[1].served, reps[1].busy_time, reps[1].work = 1, 1.0, 1.0
+    res = roll_up(
+        tally,
+        router=RoundRobin(),
+        service="serial",
+        replicas=reps,
+        capacity_blocks=16,
+        prompt_tokens=[2000, 2560, 1024],
+        tokens_per_id=512,
+        offered_load=0.5,
+        makespan=4.0,
+    )
+    assert res.hit_tokens == 512 + 1024 and res.hit_rate == pytest.approx(1536 / 5584)
+    assert res.regret == pytest.approx(2 / 8) and res.lost_blocks == 2
+    assert res.ttft_p50 == 2.0 and res.ttft_mean == 2.0
+    assert res.decision_us_p50 == 4.0
+    assert res.max_mean_load == 2 / 1.5 and res.max_mean_busy == 3.0 / 2.0
+    assert res.utilisation == 2.0 / 4.0 and res.max_mean_utilisation == 3.0 / 2.0
+    assert (res.router, res.service, res.served, res.offered_load) == ("rr", "serial", [2, 1], 0.5)
+    assert res.replica is tally.replica and "replica" not in res.to_dict()
+
+
+def test_sim_result_is_public_where_it_was_and_in_the_fleet_package() -> None:
+    import radixkv.fleet
+    import radixkv.fleet.sim
+
+    assert radixkv.fleet.SimResult is radixkv.fleet.sim.SimResult is SimResult
 
 
 def test_queueing_and_ttft_follow_the_service_model() -> None:

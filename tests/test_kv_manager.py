@@ -1,4 +1,4 @@
-"""KVCacheManager: a request's blocks over every prefix cache (radix, hash, null).
+"""KVCacheManager (radixkv.cache.manager): requests' blocks over every cache (radix, hash, null).
 
 Example tests for each call, then a hypothesis state machine that runs requests
 through match / allocate / compute / cache / free / evict / reset with a shadow
@@ -13,8 +13,9 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixkv import BlockAllocator
-from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
+from radixkv import BlockAllocator, RadixCache
+from radixkv.cache.host import HostTier, NullCopier
+from radixkv.cache.manager import CACHE_KINDS, Admission, KVCacheManager, make_cache
 
 KINDS = [k for k in CACHE_KINDS]
 
@@ -191,6 +192,106 @@ def test_check_catches_a_reference_nobody_owns() -> None:
         kv.check()
 
 
+def test_the_engine_paths_still_name_the_cache_tiers_manager() -> None:
+    import radixkv.engine
+    import radixkv.engine.kv_manager as old
+
+    for name in ("CACHE_KINDS", "KVCacheManager", "make_cache"):
+        assert getattr(old, name) is globals()[name], name
+        assert getattr(radixkv.engine, name) is globals()[name], name
+
+
+# ------------------------------------------------------------------ admit / release
+@pytest.mark.parametrize("kind", KINDS)
+def test_admit_caches_the_full_blocks_and_a_second_admit_hits_them(kind) -> None:
+    kv = manager(kind, num_blocks=8)
+    first = kv.admit([1, 2, 3, 4, 5])  # 2 full blocks; the partial third is never cached
+    assert isinstance(first, Admission)
+    assert (first.num_hit_blocks, first.num_loaded_blocks, first.num_cached_tokens) == (0, 0, 0)
+    assert len(first.blocks) == 2 and kv.allocator.num_free == 6
+    kv.check()  # the admission's references are counted
+    kv.release(first.blocks)
+    kv.check()
+    second = kv.admit([1, 2, 3, 4, 9, 9])
+    caches = kind is not None
+    assert second.num_hit_blocks == (2 if caches else 0)
+    assert second.num_cached_tokens == (4 if caches else 0)
+    if caches:
+        assert second.blocks[:2].tolist() == first.blocks.tolist()
+    assert len(second.blocks) == 3
+    kv.release(second.blocks)
+    kv.check()
+    assert kv.allocator.num_free == (5 if caches else 8)
+
+
+def test_admit_evicts_the_shortfall_and_an_exclusive_admit_takes_what_fits() -> None:
+    kv = manager("radix", num_blocks=4)
+    kv.release(kv.admit([1, 2, 3, 4, 5, 6]).blocks)  # 3 blocks stay cached, 1 free
+    held = kv.admit([1, 2, 9, 9])  # hits block 0, needs 1: free
+    assert held.num_hit_blocks == 1 and kv.allocator.num_free == 0
+    # 4 new blocks needed, 2 can be evicted ([3, 4] and [5, 6]; [1, 2] is held): all of it goes
+    # in, but only 2 blocks fit.
+    big = kv.admit(list(range(20, 28)))
+    assert big.num_hit_blocks == 0 and len(big.blocks) == 2 and kv.num_evicted_blocks == 2
+    assert kv.cache.peek(list(range(20, 28))) == 4
+    kv.check()
+    kv.release(big.blocks)
+    kv.release(held.blocks)
+    kv.check()
+
+
+def test_a_non_exclusive_admit_that_cannot_fit_gives_its_match_back() -> None:
+    kv = manager("radix", num_blocks=4)
+    kv.release(kv.admit([1, 2, 3, 4]).blocks)  # 2 cached blocks, 2 free
+    other = kv.admit([7, 7, 8, 8])  # takes the 2 free ones: nothing free, 2 cached
+    probe = kv.admit([1, 2])
+    kv.release(probe.blocks)
+    b12 = int(probe.blocks[0])
+    # Needs 3 more blocks: only [3, 4] can be evicted ([1, 2] is matched, [7, 7, 8, 8] held).
+    assert kv.admit([1, 2, 5, 5, 6, 6, 9, 9], exclusive=False) is None
+    assert kv.num_evicted_blocks == 1 and kv.allocator.num_free == 1  # it evicted what it could
+    assert kv.allocator.refcount(b12) == 1  # the match was given back: the cache's alone
+    kv.check()
+    kv.release(other.blocks)
+    got = kv.admit([1, 2, 5, 5, 6, 6, 9, 9], exclusive=False)  # now [7,7,8,8] can go: fits
+    assert got is not None and got.num_hit_blocks == 1 and len(got.blocks) == 4
+    kv.release(got.blocks)
+    kv.check()
+
+
+def test_admit_loads_from_a_host_tier_and_counts_what_it_loaded() -> None:
+    copier = NullCopier()
+    host = HostTier(BlockAllocator(8, 1), copier, write_policy="write_back", eviction="lru")
+    kv = KVCacheManager(RadixCache(BlockAllocator(4, 1), eviction="lru", host=host))
+    kv.release(kv.admit([1, 2, 3]).blocks)
+    kv.release(kv.admit([7, 8, 9, 6]).blocks)  # evicts [1, 2, 3]: backed up to the host
+    got = kv.admit([1, 2, 3, 5])
+    assert (got.num_hit_blocks, got.num_loaded_blocks, got.num_cached_tokens) == (0, 3, 3)
+    assert copier.loaded == 3 == kv.cache.stats.loaded_blocks
+    kv.check()
+    kv.release(got.blocks)
+    kv.check()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_admit_refuses_bad_input_before_any_change(kind) -> None:
+    kv = manager(kind)
+    with pytest.raises(TypeError, match="namespace"):
+        kv.admit([1, 2, 3, 4], namespace=[])
+    with pytest.raises((TypeError, ValueError)):
+        kv.admit([[1, 2], [3, 4]])
+    assert kv.allocator.num_free == kv.allocator.num_blocks
+    kv.check()
+
+
+def test_check_catches_a_released_admission_that_was_not_given_back() -> None:
+    kv = manager("radix")
+    got = kv.admit([1, 2, 3, 4])
+    kv.allocator.decref_distinct(got.blocks)  # given back behind the manager's back
+    with pytest.raises(AssertionError, match="admissions hold 2"):
+        kv.check()
+
+
 class ManagerMachine(RuleBasedStateMachine):
     """Requests over a small pool; a shadow pool records which token each slot holds."""
 
@@ -205,6 +306,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.slot_token = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.prompts: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
+        self.admitted: list[tuple[list[int], Admission]] = []
         self.next_id = 0
 
     @property
@@ -257,6 +359,35 @@ class ManagerMachine(RuleBasedStateMachine):
         self.kv.free(rid, tokens)
         del self.prompts[rid], self.computed[rid]
 
+    @rule(
+        stem=st.sampled_from([[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8]]),
+        tail=st.lists(st.integers(1, 3), max_size=6),
+        ns=st.sampled_from([None, None, "t"]),
+        exclusive=st.booleans(),
+    )
+    def admit_whole(self, stem, tail, ns, exclusive) -> None:
+        prompt = stem + tail
+        got = self.kv.admit(prompt, ns, exclusive=exclusive)
+        if got is None:
+            return
+        bs = self.bs
+        assert got.num_loaded_blocks == 0 and got.num_cached_tokens == got.num_hit_blocks * bs
+        assert len(got.blocks) <= len(prompt) // bs
+        for pos in range(len(got.blocks) * bs):
+            slot = int(got.blocks[pos // bs]) * bs + pos % bs
+            if pos < got.num_cached_tokens:
+                assert self.slot_token[slot] == prompt[pos], pos  # a hit holds this prompt
+            else:
+                self.slot_token[slot] = prompt[pos]  # computed at once: the cache has it now
+        self.admitted.append((prompt, got))
+
+    @precondition(lambda self: self.admitted)
+    @rule(data=st.data())
+    def release_admitted(self, data) -> None:
+        i = data.draw(st.integers(0, len(self.admitted) - 1))
+        _, got = self.admitted.pop(i)
+        self.kv.release(got.blocks)
+
     @rule(n=st.integers(0, 8))
     def evict(self, n) -> None:
         self.kv.cache.evict(n)
@@ -276,10 +407,16 @@ class ManagerMachine(RuleBasedStateMachine):
         self.kv.check()
         for rid in self.running:
             self.check_contents(rid, self.computed[rid])
+        for prompt, got in self.admitted:
+            for pos in range(len(got.blocks) * self.bs):
+                slot = int(got.blocks[pos // self.bs]) * self.bs + pos % self.bs
+                assert self.slot_token[slot] == prompt[pos], ("admitted", pos)
 
     def teardown(self) -> None:
         for rid in self.running:
             self.kv.free(rid)
+        for _, got in self.admitted:
+            self.kv.release(got.blocks)
         self.kv.reset_cache()
         assert self.kv.allocator.num_free == self.kv.allocator.num_blocks
 

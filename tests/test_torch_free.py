@@ -1,8 +1,8 @@
-"""The cache tier and trace replay work where torch and matplotlib cannot be imported.
+"""The cache tier, trace replay and the fleet simulator work where torch cannot be imported.
 
-``import radixkv``, the engine's bookkeeping (``KVCacheManager``, ``Scheduler``) and
-trace replay work in an environment without torch (``pip install radixkv`` brings
-neither torch nor matplotlib). Each test
+``import radixkv``, the engine's bookkeeping (``KVCacheManager``, ``Scheduler``),
+trace replay and the fleet simulator work in an environment without torch
+(``pip install radixkv`` brings neither torch nor matplotlib). Each test
 runs a fresh interpreter whose ``sys.meta_path`` starts with a finder that
 refuses ``torch`` and ``matplotlib`` (and their submodules) exactly as a missing
 package would, then exercises the public surface and checks that neither got
@@ -151,6 +151,12 @@ def test_kv_manager_and_scheduler_work_without_torch() -> None:
         kv.free("a", [1, 2, 3, 4])
         assert kv.match_prefix("b", [1, 2, 3, 4, 5]) == 4
         kv.free("b")
+        from radixkv.cache.manager import KVCacheManager as Moved
+        assert Moved is KVCacheManager  # the cache tier's, re-exported by the engine
+        got = kv.admit([1, 2, 3, 4, 5, 6])
+        assert got.num_cached_tokens == 4 and len(got.blocks) == 3
+        kv.release(got.blocks)
+        kv.check()
         sched = Scheduler(kv)
         req = Request([1, 2, 3, 4, 7], SamplingParams(max_new_tokens=1))
         sched.add_request(req)
@@ -164,5 +170,24 @@ def test_kv_manager_and_scheduler_work_without_torch() -> None:
             pass
         else:
             raise AssertionError("Engine imported without torch")
+        """
+    )
+
+
+def test_fleet_simulator_works_without_torch() -> None:
+    run_blocked(
+        """
+        import numpy as np
+        from radixkv.fleet import SimResult
+        from radixkv.fleet.sim import SimClock, SimRequest, build_router, simulate
+
+        clock = SimClock()
+        reqs = [
+            SimRequest(i, float(i), np.asarray([1, 2, 3 + i], dtype=np.int32), 1536, 2)
+            for i in range(4)
+        ]
+        res = simulate(reqs, build_router("exact", clock), num_replicas=2, capacity_blocks=8,
+                       clock=clock)
+        assert isinstance(res, SimResult) and sum(res.served) == 4 and res.hit_tokens > 0, res
         """
     )

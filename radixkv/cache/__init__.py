@@ -4,9 +4,14 @@
   (one cache per pool), and ``InvariantError``, what every ``check()`` raises;
 - :mod:`~radixkv.cache.protocol`: ``PrefixCache``, the surface every cache offers;
 - :mod:`~radixkv.cache.radix`: ``RadixCache``, the radix tree, with its eviction
-  orders in :mod:`~radixkv.cache.eviction`;
+  orders in :mod:`~radixkv.cache.eviction`, its host tier in
+  :mod:`~radixkv.cache.host_copies` and its events in :mod:`~radixkv.cache.tree_events`;
 - :mod:`~radixkv.cache.hashcache`: ``HashBlockCache``, vLLM-style chained block
-  hashes (:mod:`~radixkv.cache.block_hash`);
+  hashes;
+- :mod:`~radixkv.cache.hashing`: every chained-hash recipe and the one namespace
+  encoding; :mod:`~radixkv.cache.events`: the KV cache events and their log;
+- :mod:`~radixkv.cache.manager`: ``KVCacheManager``, every block a request holds,
+  its ``admit`` cycle (match, evict, allocate, insert) and ``make_cache``;
 - :mod:`~radixkv.cache.null`: ``NullCache``, which caches nothing (caching off);
 - :mod:`~radixkv.cache.results`: the records they return;
 - :mod:`~radixkv.cache.arrays`: token sequences and block tables as int32 arrays;
@@ -15,19 +20,24 @@
 
 from radixkv.cache.allocator import BlockAllocator, InvariantError, OutOfBlocks
 from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.manager import CACHE_KINDS, Admission, KVCacheManager, make_cache
 from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = [
+    "CACHE_KINDS",
+    "Admission",
     "BlockAllocator",
     "CacheStats",
     "HashBlockCache",
     "InvariantError",
+    "KVCacheManager",
     "MatchResult",
     "NullCache",
     "OutOfBlocks",
     "PrefixCache",
     "RadixCache",
+    "make_cache",
 ]

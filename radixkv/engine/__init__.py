@@ -1,8 +1,9 @@
 """The engine tier: requests, their blocks, continuous batching and generation.
 
-Bookkeeping (:mod:`~radixkv.engine.request`, :mod:`~radixkv.engine.kv_manager`,
-:mod:`~radixkv.engine.scheduler`) works on plain ints and numpy and imports without
-torch; :mod:`~radixkv.engine.engine` runs the model. Its names (``Engine``,
+Bookkeeping (:mod:`~radixkv.engine.request`, :mod:`~radixkv.engine.scheduler`, and
+the cache tier's :class:`~radixkv.cache.manager.KVCacheManager`, re-exported here)
+works on plain ints and numpy and imports without torch; :mod:`~radixkv.engine.engine`
+runs the model. Its names (``Engine``,
 ``EngineConfig``, ...) load on first use, so ``from radixkv.engine import
 KVCacheManager`` works where torch is not installed.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
+from radixkv.cache.manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.engine.request import Request, RequestStats, SamplingParams
 from radixkv.engine.scheduler import ADMISSION_POLICIES, Scheduler, SchedulerConfig
 

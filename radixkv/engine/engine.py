@@ -30,10 +30,10 @@ from radixkv.cache.arrays import TokenSeq
 from radixkv.cache.events import ChainHasher
 from radixkv.cache.eviction import EVICTION_ORDERS
 from radixkv.cache.host import WRITE_POLICIES, HostTier
+from radixkv.cache.manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.cache.null import NullCache
 from radixkv.cache.protocol import PrefixCache
 from radixkv.cache.results import CacheStats
-from radixkv.engine.kv_manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.engine.model_runner import (
     EagerRunner,
     GraphRunner,

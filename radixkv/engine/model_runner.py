@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from radixkv.engine.kv_manager import KVCacheManager
+from radixkv.cache.manager import KVCacheManager
 from radixkv.engine.scheduler import SchedulerOutput
 from radixkv.model.forward_batch import ForwardBatch
 from radixkv.model.kvpool import KVPool

@@ -44,8 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from radixkv.cache.allocator import BlockAllocator, InvariantError
+from radixkv.cache.manager import KVCacheManager
 from radixkv.cache.protocol import PrefixCache
-from radixkv.engine.kv_manager import KVCacheManager
 from radixkv.engine.request import FinishReason, Request, RequestStatus
 
 __all__ = [

@@ -2,8 +2,9 @@
 
 :class:`Replica` owns a real :class:`~radixkv.cache.radix.RadixCache` over its
 own block pool, with KV events on (hashed with :data:`FLEET_HASHER`). Its
-``admit`` is replay's step (match, evict the shortfall, allocate, insert) and
-leaves the request holding its blocks until ``release``.
+``admit`` is the cache tier's ``KVCacheManager.admit``, the step replay takes
+(match, evict the shortfall, allocate, insert), and leaves the request holding
+its blocks until ``release``.
 
 A scheduler runs the replica's queue in simulated time and reports to its
 :class:`Host` (the simulator): ``admit`` when a request's prefill starts (the
@@ -37,7 +38,9 @@ from typing import Protocol
 import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.events import ChainHasher, KVCacheEvent
+from radixkv.cache.events import KVCacheEvent
+from radixkv.cache.hashing import ChainHasher
+from radixkv.cache.manager import KVCacheManager
 from radixkv.cache.radix import RadixCache
 from radixkv.fleet.protocol import ReplicaState
 from radixkv.fleet.service import BatchConfig, ServiceModel
@@ -53,22 +56,32 @@ __all__ = [
 FLEET_HASHER = ChainHasher("xxhash", seed=0)
 """The chain hash every simulated replica names its blocks with (routers must use it too)."""
 
-_EMPTY = np.zeros(0, dtype=np.int32)
-
 
 class Replica:
     """One simulated replica: its allocator, cache, state (as a router sees it) and counters.
 
-    ``work`` is the replica's service time as a saturated replica would spend
-    it (serial: prefill + decode; batched: ``BatchConfig.work``), ``busy_time``
-    the time it had anything running.
+    ``kv`` is the :class:`~radixkv.cache.manager.KVCacheManager` over ``cache``
+    whose ``admit`` is the replica's cache step. ``work`` is the replica's
+    service time as a saturated replica would spend it (serial: prefill +
+    decode; batched: ``BatchConfig.work``), ``busy_time`` the time it had
+    anything running.
     """
 
-    __slots__ = ("allocator", "busy_time", "cache", "capacity_blocks", "served", "state", "work")
+    __slots__ = (
+        "allocator",
+        "busy_time",
+        "cache",
+        "capacity_blocks",
+        "kv",
+        "served",
+        "state",
+        "work",
+    )
 
     def __init__(self, rid: Hashable, capacity_blocks: int, block_size: int, eviction: str) -> None:
         self.allocator = BlockAllocator(capacity_blocks, block_size)
         self.cache = RadixCache(self.allocator, eviction=eviction, events=FLEET_HASHER)
+        self.kv = KVCacheManager(self.cache)
         self.capacity_blocks = capacity_blocks
         self.busy_time = 0.0
         self.work = 0.0
@@ -83,36 +96,21 @@ class Replica:
     ) -> tuple[int, np.ndarray] | None:
         """Match, evict the shortfall, allocate, insert: ``(hit in cache tokens, blocks held)``.
 
-        The caller holds one reference on each returned block until
-        :meth:`release`. When the free and evictable blocks cannot hold the
-        uncached part, a non-``exclusive`` call gives its match back and
-        returns None (the request waits); an ``exclusive`` one (nothing else
-        running) inserts as much as fits. Complexity: the cache's match,
-        evict and insert.
+        ``KVCacheManager.admit``: the caller holds one reference on each
+        returned block until :meth:`release`. When the free and evictable
+        blocks cannot hold the uncached part, a non-``exclusive`` call gives its
+        match back and returns None (the request waits); an ``exclusive`` one
+        (nothing else running) inserts as much as fits. Complexity: the cache's
+        match, evict and insert.
         """
-        alloc, cache = self.allocator, self.cache
-        bs = alloc.block_size
-        m = cache.match(tokens, namespace)
-        matched = len(m.block_array)
-        need = len(tokens) // bs - matched
-        if need <= 0:
-            return m.num_tokens, m.block_array
-        if alloc.num_free < need:
-            cache.evict(need - alloc.num_free)
-            if alloc.num_free < need and not exclusive:
-                alloc.decref_distinct(m.block_array)
-                return None
-        new = alloc.alloc_array(min(need, alloc.num_free))
-        if not len(new):
-            return m.num_tokens, m.block_array
-        blocks = np.concatenate((m.block_array, new))
-        cache.insert(tokens[: (matched + len(new)) * bs], blocks, namespace)
-        return m.num_tokens, blocks
+        admission = self.kv.admit(tokens, namespace, exclusive=exclusive)
+        if admission is None:
+            return None
+        return admission.num_cached_tokens, admission.blocks
 
     def release(self, blocks: np.ndarray) -> None:
         """Give back the references :meth:`admit` returned."""
-        if len(blocks):
-            self.allocator.decref_distinct(blocks)
+        self.kv.release(blocks)
 
     def serve(self, tokens: np.ndarray, namespace: Hashable = None) -> int:
         """Admit and release at once (radix replay's step); the hit in cache tokens."""

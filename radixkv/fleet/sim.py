@@ -31,10 +31,15 @@ publish gap that speculative entries cover). When a request finishes, the
 router hears ``on_finish``. Routers with a clock read the simulation's
 :class:`SimClock` (simulated seconds).
 
-**Metrics** (:class:`SimResult`): fleet token hit rate, modelled TTFT
+**Metrics** (:class:`~radixkv.fleet.results.SimResult`, rolled up in
+:mod:`radixkv.fleet.results`): fleet token hit rate, modelled TTFT
 percentiles, load balance, the offered load and the measured utilisation,
 Dynamo's regret (from ``peek`` on every replica at decision time) and the
 measured wall time of every ``choose`` call.
+
+**The loop.** One handler per event kind (an arrival is routed, a replica's
+wake-up advances its scheduler, a delayed event batch reaches the router);
+the run's measurements go into a :class:`~radixkv.fleet.results.RunTally`.
 """
 
 from __future__ import annotations
@@ -44,14 +49,15 @@ import inspect
 import math
 import time
 from collections.abc import Hashable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from radixkv.cache.events import KVCacheEvent
 from radixkv.fleet.protocol import Router, RouteRequest
 from radixkv.fleet.replica import FLEET_HASHER, Replica, make_schedulers
+from radixkv.fleet.results import RunTally, SimResult, roll_up
 from radixkv.fleet.service import SERVICE_PROFILES, BatchConfig, ServiceModel
 from radixkv.replay.trace import MOONCAKE_BLOCK_SIZE, Trace
 
@@ -203,93 +209,99 @@ def build_router(
     return make_router(name, block_size=block_size, hasher=FLEET_HASHER, seed=seed, **options)
 
 
-# --------------------------------------------------------------------------- result
-@dataclass
-class SimResult:
-    """What one simulated run measured (see the module docstring for the definitions).
-
-    - ``hit_rate``: hit tokens / prompt tokens over all requests (real tokens);
-    - ``ttft_*``: modelled TTFT, seconds;
-    - ``max_mean_load``: max over replicas of requests served / the mean;
-      ``max_mean_busy``: the same for the time each had anything running;
-    - ``offered_load``: the fleet's utilisation with no cache (:func:`offered_load`);
-      ``utilisation``: measured, each replica's work / the makespan, averaged
-      over replicas (serial: busy time; batched: ``BatchConfig.work`` summed
-      over what it computed); ``max_mean_utilisation``: max over replicas / mean;
-    - ``regret``: NVIDIA Dynamo's, ``lost / (novel + lost)`` in blocks, where per
-      request ``lost`` = best replica's cached overlap - the chosen one's and
-      ``novel`` = prompt blocks - best overlap, both at decision time (``peek``);
-    - ``decision_us_p50`` / ``_p99``: measured wall time of ``choose``, microseconds;
-    - ``index_memory_bytes``: the router's (or its index's) ``memory_bytes()``, else 0.
-
-    Per-request arrays (``replica``, ``hit_ids``, ``ttft``) are kept for
-    inspection; ``to_dict`` leaves them out.
-    """
-
-    router: str
-    service: str
-    num_replicas: int
-    capacity_blocks: int
-    num_requests: int
-    prompt_tokens: int
-    hit_tokens: int
-    hit_rate: float
-    ttft_p50: float
-    ttft_p90: float
-    ttft_p99: float
-    ttft_mean: float
-    max_mean_load: float
-    max_mean_busy: float
-    offered_load: float
-    utilisation: float
-    max_mean_utilisation: float
-    regret: float
-    lost_blocks: int
-    novel_blocks: int
-    decision_us_p50: float
-    decision_us_p99: float
-    index_memory_bytes: int
-    makespan_s: float
-    events_delivered: int
-    served: list[int]
-    replica: np.ndarray = field(repr=False)
-    hit_ids: np.ndarray = field(repr=False)
-    ttft: np.ndarray = field(repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The scalar figures (and ``served`` per replica) as a JSON-ready dict."""
-        d = asdict(self)
-        for k in ("replica", "hit_ids", "ttft"):
-            d.pop(k)
-        return d
-
-
 # --------------------------------------------------------------------------- the simulator
 _WAKE, _DELIVER, _ARRIVE = 0, 1, 2  # same-time order: advance replicas, inform, then route
 
 
+class _Progress(Protocol):
+    """What a run reports finished requests to: a tqdm bar, or nothing."""
+
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class _NoProgress:
+    """The progress bar when ``progress`` is off: does nothing."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class _Run:
-    """One run's state: the per-request arrays, the event heap, and what schedulers call."""
+    """One run: the event heap, one handler per event kind, and what the schedulers call.
+
+    The heap holds ``(time, kind, seq, payload)``: at equal times a wake-up
+    (payload ``(k, version)``) goes before a delayed event delivery (``(k,
+    events)``), and both before an arrival (the request's index), so replicas
+    are brought up to date, then the router is informed, then it routes;
+    ``seq`` keeps the push order among equals. What the run measures goes into
+    ``tally`` (:class:`~radixkv.fleet.results.RunTally`).
+    """
 
     def __init__(self, sim: FleetSim, reqs: list[SimRequest], router: Router, rate: float) -> None:
         n = len(reqs)
         self.sim, self.reqs, self.router, self.rate = sim, reqs, router, rate
         self.service = sim.service
+        self.replicas = sim.replicas
         self.states = [r.state for r in sim.replicas]
-        self.replica_of = np.full(n, -1, dtype=np.int64)
-        self.hit_ids = np.zeros(n, dtype=np.int64)
-        self.ttft = np.zeros(n, dtype=np.float64)
+        self.by_id = {st.replica_id: k for k, st in enumerate(self.states)}
+        self.tally = RunTally(n)
         self.route_reqs: list[RouteRequest | None] = [None] * n
-        self.heap: list[tuple[float, int, int, Any]] = []
-        self.seq = 0
         self.version = [0] * len(sim.replicas)
-        self.delivered = 0
-        self.finished = 0
-        self.bar: Any = None
+        self.bar: _Progress = _NoProgress()
+        self.schedulers = make_schedulers(sim.replicas, self, sim.batch)
+        self.heap: list[tuple[float, int, int, Any]] = [
+            (r.arrival / rate, _ARRIVE, i, i) for i, r in enumerate(reqs)
+        ]
+        heapq.heapify(self.heap)
+        self.seq = n
 
     def push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self.heap, (t, kind, self.seq, payload))
         self.seq += 1
+
+    def loop(self) -> float:
+        """Handle every event in time order; return the time of the last (the makespan)."""
+        handlers = {_WAKE: self.on_wake, _DELIVER: self.on_deliver, _ARRIVE: self.on_arrive}
+        heap, clock = self.heap, self.sim.clock
+        now = 0.0
+        while heap:
+            now, kind, _, payload = heapq.heappop(heap)
+            clock.now = now
+            handlers[kind](now, payload)
+        return now
+
+    # ---------------------------------------------------------------- event handlers
+    def on_arrive(self, now: float, i: int) -> None:
+        """Request ``i`` arrives: measure every replica's overlap, route it, queue it there."""
+        req = self.reqs[i]
+        bs = self.sim.block_size
+        overlaps = [rep.cache.peek(req.tokens, req.namespace) // bs for rep in self.replicas]
+        rr = RouteRequest(i, req.tokens, req.namespace, req.session)
+        self.route_reqs[i] = rr
+        t0 = time.perf_counter_ns()
+        rid = self.router.choose(rr, self.states)
+        elapsed = time.perf_counter_ns() - t0
+        k = self.by_id[rid]
+        self.tally.record_route(i, k, overlaps, len(req.tokens) // bs, elapsed)
+        self.replicas[k].state.in_flight += 1
+        self.schedulers[k].arrive(i, now)
+
+    def on_wake(self, now: float, payload: tuple[int, int]) -> None:
+        """Replica ``k``'s planned wake-up, unless a later ``schedule`` replaced it."""
+        k, version = payload
+        if version == self.version[k]:
+            self.schedulers[k].wake(now)
+
+    def on_deliver(self, now: float, payload: tuple[int, list[KVCacheEvent]]) -> None:
+        """Replica ``k``'s delayed KV events reach the router."""
+        k, events = payload
+        self.router.on_events(self.states[k].replica_id, events)
+        self.tally.events_delivered += len(events)
 
     # ---------------------------------------------------------------- the scheduler's host
     def prompt(self, i: int) -> tuple[int, int]:
@@ -298,35 +310,33 @@ class _Run:
 
     def admit(self, k: int, i: int, exclusive: bool) -> tuple[int, np.ndarray] | None:
         req = self.reqs[i]
-        rep = self.sim.replicas[k]
+        rep = self.replicas[k]
         got = rep.admit(req.tokens, req.namespace, exclusive=exclusive)
         if got is None:
             return None
         hit, blocks = got
         self.publish(k, rep.take_events())
-        self.hit_ids[i] = hit
+        self.tally.hit_ids[i] = hit
         return min(hit * self.sim.tokens_per_id, req.prompt_tokens), blocks
 
     def first_token(self, i: int, t: float) -> None:
-        self.ttft[i] = t - self.reqs[i].arrival / self.rate
+        self.tally.ttft[i] = t - self.reqs[i].arrival / self.rate
 
     def finish(self, k: int, i: int, t: float) -> None:
-        rep = self.sim.replicas[k]
+        rep = self.replicas[k]
         rep.served += 1
         rep.state.in_flight -= 1
         self.router.on_finish(rep.state.replica_id, self.route_reqs[i])
         self.route_reqs[i] = None
-        self.finished += 1
-        if self.bar is not None:
-            self.bar.update(1)
+        self.bar.update(1)
 
     def schedule(self, k: int, t: float) -> None:
         self.version[k] += 1
         if t < math.inf:
             self.push(t, _WAKE, (k, self.version[k]))
 
-    # ---------------------------------------------------------------- events
     def publish(self, k: int, events: list[KVCacheEvent]) -> None:
+        """Hand replica ``k``'s new KV events to the router now, or ``event_delay`` later."""
         if not events:
             return
         delay = self.sim.event_delay
@@ -334,7 +344,7 @@ class _Run:
             self.push(self.sim.clock.now + delay, _DELIVER, (k, events))
         else:
             self.router.on_events(self.states[k].replica_id, events)
-            self.delivered += len(events)
+            self.tally.events_delivered += len(events)
 
 
 class FleetSim:
@@ -389,115 +399,34 @@ class FleetSim:
         rate: float = 1.0,
         progress: bool = False,
     ) -> SimResult:
-        """Route and serve every request (arrivals divided by ``rate``); return the figures."""
+        """Route and serve every request (arrivals divided by ``rate``); return the figures.
+
+        ``ValueError`` for a ``rate`` that is not a number > 0, ``TypeError`` for
+        requests that are neither a ``Trace`` nor ``SimRequest`` objects, before
+        anything runs. Mutates the replicas (caches, counters) and the router.
+        """
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
             raise ValueError(f"rate must be a number > 0, got {rate!r}")
         reqs = _as_requests(requests)
-        n = len(reqs)
-        reps = self.replicas
         run = _Run(self, reqs, router, rate)
-        schedulers = make_schedulers(reps, run, self.batch)
-        states = run.states
-        by_id = {r.state.replica_id: i for i, r in enumerate(reps)}
-        clock, bs = self.clock, self.block_size
-        decision_ns = np.zeros(n, dtype=np.int64)
-        lost = novel = 0
-        for i, r in enumerate(reqs):
-            run.heap.append((r.arrival / rate, _ARRIVE, run.seq, i))
-            run.seq += 1
-        heapq.heapify(run.heap)
         if progress:
             from tqdm import tqdm
 
-            run.bar = tqdm(total=n, desc=f"route-sim {getattr(router, 'name', '?')}", unit="req")
-
-        heap, version = run.heap, run.version
-        now = 0.0
-        while heap:
-            now, kind, _, payload = heapq.heappop(heap)
-            clock.now = now
-            if kind == _ARRIVE:
-                i = payload
-                req = reqs[i]
-                overlaps = [rep.cache.peek(req.tokens, req.namespace) // bs for rep in reps]
-                rr = RouteRequest(i, req.tokens, req.namespace, req.session)
-                run.route_reqs[i] = rr
-                t0 = time.perf_counter_ns()
-                rid = router.choose(rr, states)
-                decision_ns[i] = time.perf_counter_ns() - t0
-                k = by_id[rid]
-                best = max(overlaps)
-                lost += best - overlaps[k]
-                novel += len(req.tokens) // bs - best
-                run.replica_of[i] = k
-                reps[k].state.in_flight += 1
-                schedulers[k].arrive(i, now)
-            elif kind == _WAKE:
-                k, v = payload
-                if v == version[k]:
-                    schedulers[k].wake(now)
-            else:
-                k, events = payload
-                router.on_events(states[k].replica_id, events)
-                run.delivered += len(events)
-        if run.bar is not None:
-            run.bar.close()
-
-        served = [rep.served for rep in reps]
-        busy = [rep.busy_time for rep in reps]
-        work = [rep.work for rep in reps]
-        tpi = self.tokens_per_id
-        prompt = sum(r.prompt_tokens for r in reqs)
-        hit_tokens = int(
-            sum(min(int(h) * tpi, r.prompt_tokens) for h, r in zip(run.hit_ids, reqs, strict=True))
-        )
-        mean_busy = sum(busy) / len(reps)
-        mean_work = sum(work) / len(reps)
-        us = decision_ns / 1000.0
-        ttft = run.ttft
-        return SimResult(
-            router=str(getattr(router, "name", type(router).__name__)),
+            name = getattr(router, "name", "?")
+            run.bar = tqdm(total=len(reqs), desc=f"route-sim {name}", unit="req")
+        makespan = run.loop()
+        run.bar.close()
+        return roll_up(
+            run.tally,
+            router=router,
             service="serial" if self.batch is None else "batched",
-            num_replicas=len(reps),
+            replicas=self.replicas,
             capacity_blocks=self.capacity_blocks,
-            num_requests=n,
-            prompt_tokens=int(prompt),
-            hit_tokens=hit_tokens,
-            hit_rate=hit_tokens / prompt if prompt else 0.0,
-            ttft_p50=_pct(ttft, 50),
-            ttft_p90=_pct(ttft, 90),
-            ttft_p99=_pct(ttft, 99),
-            ttft_mean=float(ttft.mean()) if n else 0.0,
-            max_mean_load=max(served) / (n / len(reps)) if n else 0.0,
-            max_mean_busy=max(busy) / mean_busy if mean_busy > 0 else 0.0,
-            offered_load=offered_load(reqs, self.service, len(reps), rate, self.batch),
-            utilisation=mean_work / now if now > 0 else 0.0,
-            max_mean_utilisation=max(work) / mean_work if mean_work > 0 else 0.0,
-            regret=lost / (novel + lost) if novel + lost else 0.0,
-            lost_blocks=int(lost),
-            novel_blocks=int(novel),
-            decision_us_p50=_pct(us, 50),
-            decision_us_p99=_pct(us, 99),
-            index_memory_bytes=_memory_bytes(router),
-            makespan_s=float(now),
-            events_delivered=run.delivered,
-            served=served,
-            replica=run.replica_of,
-            hit_ids=run.hit_ids,
-            ttft=ttft,
+            prompt_tokens=[r.prompt_tokens for r in reqs],
+            tokens_per_id=self.tokens_per_id,
+            offered_load=offered_load(reqs, self.service, len(self.replicas), rate, self.batch),
+            makespan=makespan,
         )
-
-
-def _pct(a: np.ndarray, q: float) -> float:
-    return float(np.percentile(a, q)) if len(a) else 0.0
-
-
-def _memory_bytes(router: object) -> int:
-    for obj in (router, getattr(router, "index", None)):
-        fn = getattr(obj, "memory_bytes", None)
-        if callable(fn):
-            return int(fn())
-    return 0
 
 
 def simulate(

@@ -24,6 +24,7 @@ import numpy as np
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.eviction import EVICTION_ORDERS
 from radixkv.cache.host import HostTier, NullCopier
+from radixkv.cache.manager import KVCacheManager
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats
 from radixkv.replay.trace import Trace
@@ -36,10 +37,11 @@ _EVICTION = {f"radix-{name}": name for name in EVICTION_ORDERS}
 class RadixReplayer:
     """The radix tree as a replay policy, one request at a time.
 
-    Owns a ``BlockAllocator(num_blocks=capacity, block_size=1)`` and a
-    ``RadixCache`` over it (``alloc`` and ``cache``, exposed for inspection;
-    do not mutate them). Between requests every block is either free or held
-    by the tree alone.
+    Owns a ``BlockAllocator(num_blocks=capacity, block_size=1)``, a
+    ``RadixCache`` over it and the ``KVCacheManager`` whose ``admit`` serves
+    each request (``alloc``, ``cache`` and ``kv``, exposed for inspection; do
+    not mutate them). Between requests every block is either free or held by
+    the tree alone.
 
     With ``host_capacity > 0`` the cache also has a host tier: ``host_alloc``
     (``BlockAllocator(host_capacity, 1)``) under a write-back, LRU-ordered
@@ -66,6 +68,7 @@ class RadixReplayer:
             self.copier = NullCopier()
             host = HostTier(self.host_alloc, self.copier, write_policy="write_back", eviction="lru")
         self.cache = RadixCache(self.alloc, eviction=_EVICTION[policy], host=host)
+        self.kv = KVCacheManager(self.cache)
 
     def step(self, seq: np.ndarray) -> int:
         """Serve one request (an int32 id array); return its device hit length in blocks.
@@ -82,43 +85,23 @@ class RadixReplayer:
         ``device_hit`` is the length of the prefix of ``seq`` resident on the
         device at arrival; ``loaded`` the blocks right after it that were on
         the host alone and were loaded back (always 0 without a host tier).
-        The request then holds references on its ``device_hit + loaded``
-        blocks, so eviction cannot touch them; if the pool is short of the
-        rest, ``evict`` the shortfall from the tree (with a host tier the
-        evicted leaves are backed up to the host, write-back); allocate what
-        fits and ``insert`` the longest prefix that fits (an insert through
-        host-only nodes the load could not bring back gives them the new,
-        recomputed blocks); then let go of every block the request held.
+        One ``KVCacheManager.admit`` (match or load, evict the shortfall,
+        allocate what fits, insert the longest prefix that fits; with a host
+        tier the evicted leaves are backed up to the host, write-back, and an
+        insert through host-only nodes the load could not bring back gives
+        them the new, recomputed blocks), then its blocks are released at
+        once: every block is again free or held by the tree alone.
 
         Without a host tier this is one ``match``; with one, one ``load``
-        (a ``match`` that loads), so every node is touched once per request,
-        as in the one-tier replay. ``loaded`` is read off the copier's count,
-        which only ``load`` moves.
+        (a ``match`` that loads) and a ``peek``, so every node is touched once
+        per request, as in the one-tier replay.
 
         Complexity: O(len(seq)) plus O(evicted leaves * log leaves), plus the
         host tier's backups and host evictions.
         """
-        alloc, cache, copier = self.alloc, self.cache, self.copier
-        if copier is None:
-            m = cache.match(seq)
-            loaded = 0
-        else:
-            before = copier.loaded
-            m = cache.load(seq)
-            loaded = copier.loaded - before
-        matched = len(m.block_array)
-        need = len(seq) - matched
-        if need:
-            if alloc.num_free < need:
-                cache.evict(need - alloc.num_free)
-            new = alloc.alloc_array(min(need, alloc.num_free))
-            if len(new):
-                blocks = np.concatenate((m.block_array, new))
-                cache.insert(seq[: matched + len(new)], blocks)
-                alloc.decref_distinct(blocks)
-                return matched - loaded, loaded
-        alloc.decref_distinct(m.block_array)
-        return matched - loaded, loaded
+        admission = self.kv.admit(seq)
+        self.kv.release(admission.blocks)
+        return admission.num_hit_blocks, admission.num_loaded_blocks
 
     def count_matchable(self, trace: Trace) -> int:
         """Distinct device blocks some request of ``trace`` matches now (bumps LRU clocks).

@@ -1,0 +1,497 @@
+"""KVCacheManager: the one room for the blocks requests hold, over any prefix cache.
+
+A serving loop asks four things of its KV memory, and this class answers each in
+one call (the shape of vLLM's ``KVCacheManager``; SGLang's ``cache_unfinished_req``
+for the switch onto cached blocks):
+
+- :meth:`~KVCacheManager.match_prefix`: a new request's cached prefix becomes the
+  head of its block table (at most ``len(tokens) - 1`` tokens: the last one must
+  run for its logits);
+- :meth:`~KVCacheManager.allocate_slots`: grow the table to hold ``n`` tokens,
+  evicting from the cache when the pool is short, and answering ``False``
+  (nothing allocated) when even eviction is not enough;
+  :meth:`~KVCacheManager.may_allocate` asks the same of the pool with no side
+  effect, so a request that cannot fit is not looked up;
+- :meth:`~KVCacheManager.cache_blocks`: offer the request's newly full blocks to
+  the cache; where the cache already holds those tokens in other blocks (two
+  requests computed the same prefix at once), the request switches to the
+  cache's blocks at once and its duplicates are freed;
+- :meth:`~KVCacheManager.free`: offer the computed blocks, then give back every
+  reference.
+
+A loop that computes a whole prompt at once (trace replay, the fleet simulator)
+uses the one-call cycle instead: :meth:`~KVCacheManager.admit` matches (loading
+from a host tier), evicts the shortfall, allocates and inserts, and hands the
+caller an :class:`Admission`; :meth:`~KVCacheManager.release` gives its blocks
+back.
+
+Plain ints and numpy only (no tensor): the tables become tensors in the model
+runner. Not thread-safe: one thread, or one lock around each call.
+
+>>> from radixkv import BlockAllocator, RadixCache
+>>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=8, block_size=2)))
+>>> kv.match_prefix("a", [1, 2, 3, 4, 5])      # nothing cached yet
+0
+>>> kv.allocate_slots("a", 5), kv.block_table("a")
+(True, [0, 1, 2])
+>>> kv.free("a", [1, 2, 3, 4])                  # computed tokens: their 2 full blocks stay cached
+>>> kv.match_prefix("b", [1, 2, 3, 4, 9])
+4
+>>> kv.block_table("b")
+[0, 1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from radixkv.cache.allocator import BlockAllocator, InvariantError
+from radixkv.cache.arrays import TokenSeq, as_token_array
+from radixkv.cache.hashcache import HashBlockCache
+from radixkv.cache.hashing import ChainHasher
+from radixkv.cache.host import HostTier
+from radixkv.cache.null import NullCache
+from radixkv.cache.protocol import PrefixCache, check_namespace, check_num_blocks
+from radixkv.cache.radix import RadixCache
+from radixkv.cache.results import MatchResult
+
+__all__ = ["CACHE_KINDS", "Admission", "KVCacheManager", "make_cache"]
+
+
+class Admission(NamedTuple):
+    """What :meth:`KVCacheManager.admit` did for one prompt (blocks; tokens where named).
+
+    - ``blocks``: the int32 blocks the caller now holds one reference on, in
+      position order: the cached prefix, then what was loaded, then the new
+      blocks (inserted: the cache adopted them, unless it caches nothing). The
+      caller owns the array and gives the references back with
+      :meth:`KVCacheManager.release`;
+    - ``num_hit_blocks``: the prefix that was resident on the device at arrival;
+    - ``num_loaded_blocks``: the blocks right after it that were on the host
+      alone and were loaded back (0 without a host tier);
+    - ``num_cached_tokens``: the tokens those two served,
+      ``(num_hit_blocks + num_loaded_blocks) * block_size``: the request's
+      first position to compute.
+    """
+
+    blocks: np.ndarray
+    num_hit_blocks: int
+    num_loaded_blocks: int
+    num_cached_tokens: int
+
+
+class _Lookup(Protocol):
+    """How the manager finds a cached prefix: the host tier's collaborator."""
+
+    def find(self, tokens: TokenSeq, namespace: Hashable) -> MatchResult:
+        """The cached prefix, as ``PrefixCache.match`` (one reference per block to the caller)."""
+        ...
+
+    def find_loaded(self, tokens: TokenSeq, namespace: Hashable) -> tuple[MatchResult, int]:
+        """``find``, and how many of its blocks were loaded back from a host tier."""
+        ...
+
+
+class _DeviceLookup:
+    """A cache with no host tier: the prefix is what ``match`` finds, and nothing loads."""
+
+    __slots__ = ("find",)
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.find = cache.match
+
+    def find_loaded(self, tokens: TokenSeq, namespace: Hashable) -> tuple[MatchResult, int]:
+        return self.find(tokens, namespace), 0
+
+
+class _HostLookup:
+    """A ``RadixCache`` with a host tier: ``load`` brings the host-only part of the prefix back.
+
+    The blocks it loaded are those of the result past the device prefix, which
+    ``peek`` (no side effect) measures just before.
+    """
+
+    __slots__ = ("_block_size", "_peek", "find")
+
+    def __init__(self, cache: RadixCache) -> None:
+        self.find = cache.load
+        self._peek = cache.peek
+        self._block_size = cache.block_size
+
+    def find_loaded(self, tokens: TokenSeq, namespace: Hashable) -> tuple[MatchResult, int]:
+        num_device = self._peek(tokens, namespace) // self._block_size
+        m = self.find(tokens, namespace)
+        return m, len(m.block_array) - num_device
+
+
+def _lookup_for(cache: PrefixCache) -> _Lookup:
+    """The lookup for ``cache``: loading only where it has a host tier (``RadixCache.host``)."""
+    if isinstance(cache, RadixCache) and cache.host is not None:
+        return _HostLookup(cache)
+    return _DeviceLookup(cache)
+
+
+@dataclass
+class _Entry:
+    """One request's blocks: ``table[i]`` holds positions ``[i * bs, (i + 1) * bs)``.
+
+    The first ``num_cached_blocks`` entries are known to be the cache's own blocks
+    (matched, or adopted by an earlier :meth:`KVCacheManager.cache_blocks`).
+    """
+
+    table: list[int]
+    namespace: Hashable
+    num_cached_blocks: int = 0
+
+
+class KVCacheManager:
+    """Every block a request holds, over ``cache`` and its allocator.
+
+    Ownership: each block in a request's table carries one reference owned by
+    the manager on that request's behalf, given back by :meth:`free` (and for a
+    duplicate, by :meth:`cache_blocks`). The references an :meth:`admit` hands
+    out belong to its caller until :meth:`release`. The cache holds its own
+    references as usual. Requests are named by any hashable ``request_id``; one
+    id is one request until it is freed. Pass a
+    :class:`~radixkv.cache.null.NullCache` to serve without caching. With a
+    ``RadixCache`` that has a host tier, lookups load the host-resident part of
+    a prefix back (``RadixCache.load``).
+    """
+
+    def __init__(self, cache: PrefixCache) -> None:
+        if not isinstance(cache, PrefixCache):
+            raise TypeError(f"cache must be a PrefixCache, got {type(cache).__name__}")
+        self._cache = cache
+        self._alloc: BlockAllocator = cache.allocator
+        self._bs = self._alloc.block_size
+        self._entries: dict[Hashable, _Entry] = {}
+        self._lookup = _lookup_for(cache)
+        self._num_admitted_refs = 0
+        self.num_evicted_blocks = 0
+        """Blocks the cache freed to make room for new blocks, in total."""
+        self.num_switched_blocks = 0
+        """Duplicate blocks :meth:`cache_blocks` replaced by the cache's own, in total."""
+
+    # -------------------------------------------------------------- properties
+    @property
+    def cache(self) -> PrefixCache:
+        return self._cache
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        return self._alloc
+
+    @property
+    def block_size(self) -> int:
+        return self._bs
+
+    @property
+    def num_requests(self) -> int:
+        """Requests holding (or registered to hold) blocks."""
+        return len(self._entries)
+
+    def __contains__(self, request_id: Hashable) -> bool:
+        return request_id in self._entries
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` positions: ``ceil(num_tokens / block_size)``."""
+        return -(-num_tokens // self._bs)
+
+    def block_table(self, request_id: Hashable) -> list[int]:
+        """The request's blocks in position order: the manager's own list, to read, never mutate.
+
+        ``KeyError`` for an unknown request. Complexity: O(1).
+        """
+        return self._entry(request_id).table
+
+    # ---------------------------------------------------------------- requests
+    def num_cached_tokens(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
+        """What :meth:`match_prefix` would find for ``tokens`` now, with no side effect.
+
+        Uses the cache's ``peek``: no reference, no split, no stats, no change to
+        eviction order (the admission policy ranks waiting requests with it).
+        Complexity: the cache's ``peek``.
+        """
+        arr = as_token_array(tokens)
+        return self._cache.peek(arr[: max(len(arr) - 1, 0)], namespace)
+
+    def match_prefix(
+        self, request_id: Hashable, tokens: TokenSeq, namespace: Hashable = None
+    ) -> int:
+        """Register a request and start its table with the longest cached prefix of ``tokens``.
+
+        Matches at most ``len(tokens) - 1`` tokens, block-aligned. The manager
+        takes one reference on each matched block for the request. Returns the
+        number of cached tokens (the request's first computed position). Counts
+        one query in the cache's stats. With a host tier (``RadixCache.load``),
+        the host-resident part of the prefix is copied back to the device first
+        and counts as cached: the scheduler budgets only what is left to compute.
+        ``ValueError`` if the id is already
+        registered or ``tokens`` is empty, ``TypeError`` for bad tokens or an
+        unhashable namespace, before any change. Complexity: the cache's ``match``.
+        """
+        if request_id in self._entries:
+            raise ValueError(f"request {request_id!r} already holds blocks")
+        arr = as_token_array(tokens)
+        if len(arr) == 0:
+            raise ValueError("tokens must hold at least one token")
+        namespace = check_namespace(namespace)
+        m = self._lookup.find(arr[: len(arr) - 1], namespace)
+        blocks = m.blocks
+        self._entries[request_id] = _Entry(list(blocks), namespace, len(blocks))
+        return m.num_tokens
+
+    def may_allocate(self, num_blocks: int) -> bool:
+        """False if ``num_blocks`` new blocks cannot be had now, even by evicting; no side effect.
+
+        Counts the free blocks, then (only if they are too few) the cache's
+        blocks no request holds, which bound what eviction can free: False is
+        certain, True means eviction may free enough (the cache may keep some
+        of those blocks, a pinned prefix say). ``TypeError`` / ``ValueError``
+        for a ``num_blocks`` that is not an int ``>= 0``. Complexity: O(1) when
+        enough blocks are free, else O(num_blocks), vectorised.
+
+        >>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=4, block_size=2)))
+        >>> kv.match_prefix("a", [1, 2, 3, 4, 5]), kv.allocate_slots("a", 5)
+        (0, True)
+        >>> kv.free("a", [1, 2, 3, 4])            # 2 blocks stay cached, 2 are free
+        >>> kv.may_allocate(4), kv.may_allocate(5)
+        (True, False)
+        """
+        check_num_blocks(num_blocks)
+        free = self._alloc.num_free
+        if num_blocks <= free:
+            return True
+        unheld = np.count_nonzero(self._alloc.refcounts(self._cache.held_blocks()) == 1)
+        return num_blocks <= free + int(unheld)
+
+    def allocate_slots(self, request_id: Hashable, num_tokens: int) -> bool:
+        """Grow the request's table to hold ``num_tokens`` positions; False if the pool cannot.
+
+        Evicts from the cache when fewer blocks are free than needed. Returns
+        False, with the table unchanged and nothing allocated, when even
+        eviction does not free enough (the caller waits, or preempts someone);
+        when :meth:`may_allocate` already says so, nothing is evicted either.
+        ``KeyError`` for an unknown request. Complexity: O(new blocks) plus, when
+        the pool is short, :meth:`may_allocate` and the eviction's cost, which is
+        proportional to the blocks it frees (and the leaves held by running
+        requests that it skips), not to the cache's size.
+        """
+        entry = self._entry(request_id)
+        need = self.num_blocks_for(num_tokens) - len(entry.table)
+        if need <= 0:
+            return True
+        alloc = self._alloc
+        if alloc.num_free < need:
+            if not self.may_allocate(need):
+                return False
+            self._evict_shortfall(need)
+            if alloc.num_free < need:
+                return False
+        entry.table.extend(alloc.alloc(need))
+        return True
+
+    def cache_blocks(self, request_id: Hashable, tokens: TokenSeq) -> None:
+        """Offer the request's full blocks of ``tokens`` (its computed tokens) to the cache.
+
+        The cache adopts the blocks past what it already holds. Where it held
+        some of these positions in other blocks (a prefix two requests computed
+        at once), the request switches to the cache's blocks and gives back its
+        duplicates, which frees them: the K/V is the same, so later reads are
+        unaffected and the pool does not carry two copies. Complexity: the
+        cache's ``insert``, plus a ``match`` (not counted in stats) when a
+        switch happens.
+        """
+        self._offer(self._entry(request_id), as_token_array(tokens), switch=True)
+
+    def free(self, request_id: Hashable, tokens: TokenSeq | None = None) -> None:
+        """Offer the full blocks of ``tokens`` (None: none) to the cache, then release the request.
+
+        Every reference the request held is given back: blocks the cache did
+        not keep become free. The id may then be registered again.
+        ``KeyError`` for an unknown request. Complexity: O(table) plus the insert.
+        """
+        entry = self._entry(request_id)
+        if tokens is not None:
+            self._offer(entry, as_token_array(tokens), switch=False)
+        del self._entries[request_id]
+        if entry.table:
+            self._alloc.decref(entry.table)
+
+    def reset_cache(self) -> None:
+        """Empty the cache (requests keep their blocks; they are no longer known to be cached)."""
+        self._cache.reset()
+        for entry in self._entries.values():
+            entry.num_cached_blocks = 0
+
+    # ------------------------------------------------- the whole-prompt cycle
+    def admit(
+        self, tokens: TokenSeq, namespace: Hashable = None, *, exclusive: bool = True
+    ) -> Admission | None:
+        """Match, evict the shortfall, allocate, insert: give one prompt its blocks at once.
+
+        For a caller that computes the whole prompt in one go (trace replay, a
+        simulated replica), with no request id: finds the cached prefix (with a
+        host tier, loading its host-only part back), evicts from the cache when
+        fewer blocks are free than the uncached full blocks need, allocates what
+        it can and inserts the prompt's full blocks up to there. Returns the
+        :class:`Admission`, whose ``blocks`` now carry one reference each for the
+        caller (give them back with :meth:`release`; the cache keeps its own).
+
+        When even eviction leaves too few free blocks: an ``exclusive`` call (the
+        caller holds nothing else: nothing can wait for a release) allocates and
+        inserts as much as fits; a non-``exclusive`` one gives its match back and
+        returns None, having evicted what it could (the caller waits for blocks
+        to be released). The partial last block of ``tokens`` is never cached.
+        ``TypeError`` / ``ValueError`` for bad tokens or namespace, as the cache's
+        ``match``, before any change. Complexity: the cache's ``match`` (or
+        ``load`` and a ``peek``), ``evict`` and ``insert``.
+        """
+        m, num_loaded = self._lookup.find_loaded(tokens, namespace)  # validates tokens first
+        hit = m.block_array
+        num_matched = len(hit)
+        alloc = self._alloc
+        bs = self._bs
+        need = len(tokens) // bs - num_matched
+        blocks = hit
+        if need > 0:
+            if alloc.num_free < need:
+                self._evict_shortfall(need)
+                if alloc.num_free < need and not exclusive:
+                    alloc.decref_distinct(hit)
+                    return None
+            new = alloc.alloc_array(min(need, alloc.num_free))
+            if len(new):
+                blocks = np.concatenate((hit, new))
+                arr = as_token_array(tokens)
+                self._cache.insert(arr[: (num_matched + len(new)) * bs], blocks, namespace)
+        self._num_admitted_refs += len(blocks)
+        return Admission(blocks, num_matched - num_loaded, num_loaded, m.num_tokens)
+
+    def release(self, blocks: np.ndarray) -> None:
+        """Give back the references an :meth:`admit` handed out: its ``Admission.blocks``.
+
+        Blocks the cache did not keep become free. ``ValueError`` (the
+        allocator's ``decref_distinct``) for a block with no reference to give
+        back. Complexity: O(len(blocks)).
+        """
+        if len(blocks):
+            self._alloc.decref_distinct(blocks)
+            self._num_admitted_refs -= len(blocks)
+
+    # ---------------------------------------------------------------- helpers
+    def _entry(self, request_id: Hashable) -> _Entry:
+        try:
+            return self._entries[request_id]
+        except KeyError:
+            raise KeyError(f"unknown request {request_id!r}") from None
+
+    def _evict_shortfall(self, need: int) -> None:
+        """Ask the cache to free the blocks ``need`` lacks beyond the free ones; count them."""
+        self.num_evicted_blocks += self._cache.evict(need - self._alloc.num_free)
+
+    def _offer(self, entry: _Entry, tokens: np.ndarray, switch: bool) -> None:
+        bs = self._bs
+        num_full = len(tokens) // bs
+        if num_full > len(entry.table):
+            raise ValueError(
+                f"{len(tokens)} tokens need {num_full} blocks; the request holds {len(entry.table)}"
+            )
+        if num_full <= entry.num_cached_blocks:
+            return
+        cache = self._cache
+        full = tokens[: num_full * bs]
+        num_old = cache.insert(full, entry.table[:num_full], entry.namespace) // bs
+        known = entry.num_cached_blocks
+        entry.num_cached_blocks = num_full
+        if not switch or num_old <= known:
+            return
+        # Positions [known, num_old) were cached before, in blocks that may not be ours.
+        m = cache.match(full[: num_old * bs], entry.namespace, stats=False)
+        ours = entry.table[:num_old]
+        theirs = m.blocks
+        # One reference back per position: the match's extra one where the block is
+        # the same, our duplicate's where it differs.
+        self._alloc.decref(ours)
+        entry.table[:num_old] = theirs
+        self.num_switched_blocks += sum(a != b for a, b in zip(ours, theirs, strict=True))
+
+    # --------------------------------------------------------------- invariants
+    def check(self) -> None:
+        """Verify reference conservation; ``InvariantError`` naming the first broken rule.
+
+        For every block: refcount == (tables holding it) + (1 if the cache holds
+        it) + (admissions holding it), so a block is free exactly when nobody
+        holds it. Admissions are counted in total (their blocks are the
+        caller's): each block's refcount must be at least the tables' and the
+        cache's, and the surplus over all blocks must equal the references
+        :meth:`admit` handed out and :meth:`release` has not taken back.
+        Assumes the manager's requests, its admissions and the cache are the
+        only holders (true inside the engine, replay and the simulator). Also
+        checks that no table repeats a block and the cache's and allocator's
+        own invariants. Complexity: O(num_blocks + held blocks).
+        """
+        alloc = self._alloc
+        expected = np.zeros(alloc.num_blocks, dtype=np.int64)
+        for request_id, entry in self._entries.items():
+            table = np.asarray(entry.table, dtype=np.int64)
+            if np.unique(table).size != table.size:
+                raise InvariantError(f"request {request_id!r}'s block table repeats a block")
+            if entry.num_cached_blocks > table.size:
+                raise InvariantError(f"request {request_id!r} claims more cached blocks than held")
+            np.add.at(expected, table, 1)
+        expected[self._cache.held_blocks()] += 1
+        actual = alloc.refcount_array
+        surplus = actual - expected
+        bad = np.flatnonzero(surplus < 0) if self._num_admitted_refs else np.flatnonzero(surplus)
+        if bad.size:
+            b = int(bad[0])
+            raise InvariantError(
+                f"refcount of block {b} is {int(actual[b])}, but requests and the cache "
+                f"hold {int(expected[b])} references ({bad.size} blocks off)"
+            )
+        if int(surplus.sum()) != self._num_admitted_refs:
+            raise InvariantError(
+                f"blocks carry {int(surplus.sum())} references beyond the requests' and the "
+                f"cache's, but admissions hold {self._num_admitted_refs}"
+            )
+        self._cache.check()
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCacheManager(cache={self._cache!r}, requests={len(self._entries)}, "
+            f"free={self._alloc.num_free})"
+        )
+
+
+CACHE_KINDS = ("radix", "hash", None)
+
+
+def make_cache(
+    kind: str | None,
+    allocator: BlockAllocator,
+    eviction: str = "level",
+    host: HostTier | None = None,
+    events: ChainHasher | None = None,
+) -> PrefixCache:
+    """The cache named by ``kind`` over ``allocator``: a ``RadixCache`` (with ``eviction``
+    and, optionally, a ``host`` tier and KV ``events``), a ``HashBlockCache`` (sha256,
+    seed 0), or for None a ``NullCache`` that caches nothing.
+
+    ``ValueError`` for an unknown kind or eviction order, or a host tier or events on
+    a cache other than ``"radix"``.
+    """
+    if (host is not None or events is not None) and kind != "radix":
+        what = "a host tier" if host is not None else "KV events"
+        raise ValueError(f"{what} needs cache='radix', got cache={kind!r}")
+    if kind == "radix":
+        return RadixCache(allocator, eviction=eviction, host=host, events=events)
+    if kind == "hash":
+        return HashBlockCache(allocator, hash_seed=0)
+    if kind is None:
+        return NullCache(allocator)
+    raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")
