@@ -76,7 +76,7 @@ def load_model(name: str, seed: int, device: torch.device, dtype: torch.dtype):
         model = random_model(smollm2_shaped(30), seed=seed).to(device=device, dtype=dtype)
         return model, "random weights in SmolLM2-135M's shape (30 layers, hidden 576)"
     from radixkv.model import from_pretrained
-    from radixkv.model.tokenizer import smollm2_gguf_path
+    from radixkv.text.tokenizer import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

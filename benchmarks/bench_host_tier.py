@@ -97,7 +97,7 @@ LONG_FROM = 16384  # lengths from here on run --long-repeats times
 
 def load_model(device: torch.device, dtype: torch.dtype):
     from radixkv.model import from_pretrained
-    from radixkv.model.tokenizer import smollm2_gguf_path
+    from radixkv.text.tokenizer import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

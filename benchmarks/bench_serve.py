@@ -2,7 +2,7 @@
 
 Starts ``radixkv serve`` as a subprocess on 127.0.0.1 (one engine, then
 ``--replicas N --router R`` for each router), plays the same multi-turn chat
-workload against each from concurrent clients (``radixkv.serve.loadgen``: chats
+workload against each from concurrent clients (``loadgen.py`` beside it: chats
 in groups sharing a system prompt, each turn extending the last), and prints,
 per setup, TTFT p50/p90 (client-side), throughput (completion tokens/s), the
 fleet's prefix-cache hit rate (cached over prompt tokens, from each response's
@@ -30,8 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import save_rows  # noqa: E402
-
-from radixkv.serve.loadgen import ChatTraffic, LoadResult, run_chat_workload  # noqa: E402
+from loadgen import ChatTraffic, LoadResult, run_chat_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "serving.md"

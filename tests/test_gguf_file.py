@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from radixkv.model.gguf_file import read_gguf
+from radixkv.text.gguf import read_gguf
 
 gguf = pytest.importorskip("gguf")
 

@@ -1,12 +1,20 @@
-"""The serving load generator's workload and its summary figures (no server needed)."""
+"""The serving load generator's workload and its summary figures (no server needed).
+
+The load generator is a benchmark tool (``benchmarks/loadgen.py``), imported from there.
+"""
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
-from radixkv.serve.loadgen import ChatTraffic, LoadResult, RequestRecord, run_chat_workload
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from loadgen import WORDS, ChatTraffic, LoadResult, RequestRecord, run_chat_workload  # noqa: E402
+
+from radixkv.workloads import ChatWorkload  # noqa: E402
 
 
 def test_workload_is_deterministic_and_groups_share_system_prompts() -> None:
@@ -15,6 +23,21 @@ def test_workload_is_deterministic_and_groups_share_system_prompts() -> None:
     assert w.system_prompt(0) != w.system_prompt(1)
     assert w.question(2, 0) != w.question(2, 1)
     assert ChatTraffic(seed=6).system_prompt(1) != w.system_prompt(1)
+
+
+def test_traffic_is_the_library_chat_workload_as_words() -> None:
+    """One chat generator: the traffic's words are ChatWorkload's ids, one word each."""
+    w = ChatTraffic(conversations=5, turns=2, groups=2, system_words=7, question_words=3)
+    chats = w.chats
+    assert isinstance(chats, ChatWorkload)
+    assert (chats.num_users, chats.num_turns, chats.num_groups) == (5, 2, 2)
+    head, system = w.system_prompt(1).split(". ", 1)
+    assert head == "You are assistant 1"
+    assert [WORDS.index(x) for x in system.split()] == chats.system_prompt(1).tolist()
+    question = w.question(3, 1)
+    assert question.endswith("?")
+    assert [WORDS.index(x) for x in question[:-1].split()] == chats.user_message(3, 1).tolist()
+    assert len(set(WORDS)) == len(WORDS)  # a word names one id
 
 
 @pytest.mark.parametrize("field", ["conversations", "turns", "groups", "max_tokens"])

@@ -284,3 +284,26 @@ def test_not_a_model_rejected(tmp_path: Path) -> None:
         from_pretrained(f)
     with pytest.raises(FileNotFoundError):
         from_pretrained(tmp_path / "absent")
+
+
+def test_load_model_random_is_seeded_and_speaks_bytes() -> None:
+    """The one loader of a model spec: ``"random"`` is RANDOM_CONFIG over ByteTokenizer."""
+    from radixkv.model.loading import RANDOM_CONFIG, load_model
+    from radixkv.text.tokenizer import ByteTokenizer
+
+    a, tok = load_model("random", seed=3)
+    b, _ = load_model("random", seed=3)
+    assert isinstance(tok, ByteTokenizer) and a.config == RANDOM_CONFIG
+    assert RANDOM_CONFIG.vocab_size == ByteTokenizer.vocab_size
+    assert not a.training
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_load_model_names_the_spec_of_a_gguf_without_a_tokenizer(tmp_path: Path) -> None:
+    from radixkv.model.loading import load_model
+
+    path = tmp_path / "weights-only.gguf"
+    _write_gguf(random_model(TINY, seed=1), path, "F32")
+    with pytest.raises(ValueError, match=r"spec '.*weights-only.gguf': only byte-level BPE"):
+        load_model(str(path))

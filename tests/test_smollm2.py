@@ -10,8 +10,9 @@ import pytest
 import torch
 from model_helpers import DEVICES, PagedSession, on_device
 
-from radixkv.model.loading import load_gguf, open_gguf
-from radixkv.model.tokenizer import load_gguf_tokenizer, smollm2_gguf_path
+from radixkv.model.loading import load_gguf
+from radixkv.text.gguf import open_gguf
+from radixkv.text.tokenizer import load_gguf_tokenizer, smollm2_gguf_path
 
 torch.set_num_threads(1)
 

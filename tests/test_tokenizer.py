@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from radixkv.model.tokenizer import GGUFTokenizer, load_gguf_tokenizer, smollm2_gguf_path
+from radixkv.text.tokenizer import GGUFTokenizer, load_gguf_tokenizer, smollm2_gguf_path
 
 gguf = pytest.importorskip("gguf")
 
@@ -34,7 +34,7 @@ TEXTS = [
 ]
 
 
-def _train_reference():
+def train_reference():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -54,7 +54,7 @@ def _train_reference():
     return tok
 
 
-def _write_tokenizer_gguf(
+def write_tokenizer_gguf(
     tok, path: Path, pre: str = "smollm", template: str | None = CHATML, extra_merges=()
 ):
     import json
@@ -85,9 +85,9 @@ def _write_tokenizer_gguf(
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> tuple[object, GGUFTokenizer]:
-    ref = _train_reference()
+    ref = train_reference()
     path = tmp_path_factory.mktemp("tok") / "tok.gguf"
-    _write_tokenizer_gguf(ref, path)
+    write_tokenizer_gguf(ref, path)
     return ref, load_gguf_tokenizer(path)
 
 
@@ -114,7 +114,7 @@ def test_special_tokens_are_atomic_and_skippable(pair) -> None:
 def test_digit_splitting_follows_the_pre_tokenizer_type(tmp_path: Path, pre: str, expected) -> None:
     """llama.cpp's 'smollm' pre-tokenizer splits digits one by one, so digit merges never apply."""
     path = tmp_path / "t.gguf"
-    _write_tokenizer_gguf(_train_reference(), path, pre=pre, extra_merges=[("2", "0"), ("4", "8")])
+    write_tokenizer_gguf(train_reference(), path, pre=pre, extra_merges=[("2", "0"), ("4", "8")])
     ours = load_gguf_tokenizer(path)
     pieces = [ours.decode([i]) for i in ours.encode("x 2048")]
     assert pieces[-len(expected) :] == expected
@@ -136,8 +136,8 @@ def test_chat_template_renders_the_files_template(pair) -> None:
 
 
 def test_missing_template_and_wrong_model_rejected(tmp_path: Path) -> None:
-    ref = _train_reference()
-    _write_tokenizer_gguf(ref, tmp_path / "a.gguf", template=None)
+    ref = train_reference()
+    write_tokenizer_gguf(ref, tmp_path / "a.gguf", template=None)
     with pytest.raises(ValueError, match="chat_template"):
         load_gguf_tokenizer(tmp_path / "a.gguf").apply_chat_template([])
     w = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "llama")
@@ -208,7 +208,7 @@ def test_stripping_specials_still_eat_the_whitespace_beside_them(pair) -> None:
     template's markers do so too when a message cannot make markers."""
     from tokenizers import AddedToken
 
-    ref = _train_reference()
+    ref = train_reference()
     ref.add_special_tokens(
         [AddedToken("<|im_end|>", special=True, normalized=False, lstrip=True, rstrip=True)]
     )
@@ -242,7 +242,7 @@ def test_template_that_cuts_special_text_apart_is_refused(pair) -> None:
 
 def test_chat_tokenizer_passes_the_setting_on(pair) -> None:
     pytest.importorskip("torch")
-    from radixkv.serve.models import ChatTokenizer
+    from radixkv.text.tokenizer import ChatTokenizer
 
     tok = pair[1]
     safe = ChatTokenizer(tok).apply_chat_template(CHAT)

