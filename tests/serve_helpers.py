@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from radixkv.model import ModelConfig
-from radixkv.serve.models import ByteTokenizer
+from radixkv.text.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
     from radixkv.serve.async_engine import AsyncEngine

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import threading
 
 import numpy as np
@@ -20,8 +21,10 @@ from radixkv.cache.events import BlockStored, ChainHasher
 from radixkv.cache.radix import RadixCache
 from radixkv.engine import Engine, EngineConfig, SamplingParams
 from radixkv.model import random_model
-from radixkv.serve.async_engine import AsyncEngine, EngineMetrics, RequestOutput
-from radixkv.serve.models import ByteTokenizer
+from radixkv.serve import EngineMetrics, RequestOutput
+from radixkv.serve.async_engine import AsyncEngine
+from radixkv.serve.worker import NO_EVENT_RELAY, EventRelay, EventSource
+from radixkv.text.tokenizer import ByteTokenizer
 
 CFG = TINY_CONFIG
 BLOCK_SIZE = 4
@@ -383,6 +386,71 @@ def test_event_sink_gets_the_caches_events_on_the_engine_thread(model) -> None:
     root_chain = hasher.hashes(hasher.root, list(range(1, 17)), BLOCK_SIZE)
     assert stored[0].block_hashes == [hasher.wire(d) for d in root_chain]
     assert engine.cache.take_events() == []  # the sink took them all
+
+
+def test_without_a_sink_the_cache_keeps_its_events(model) -> None:
+    engine = Engine(
+        model,
+        EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE),
+        cache_factory=lambda alloc: RadixCache(alloc, events=ChainHasher("xxhash", seed=0)),
+    )
+
+    async def main() -> None:
+        async with AsyncEngine(engine) as ae:  # the do-nothing relay: takes nothing
+            await drain(ae.generate(list(range(1, 18)), SamplingParams(max_new_tokens=2)))
+
+    run(main())
+    assert any(isinstance(e, BlockStored) for e in engine.cache.take_events())
+
+
+def test_an_event_sink_needs_a_cache_that_hands_out_events(model) -> None:
+    class NoEvents:
+        """A user's cache without the (optional) KV events: everything else delegated."""
+
+        def __init__(self, cache: RadixCache) -> None:
+            self.cache = cache
+
+        def __getattr__(self, name: str) -> object:
+            if name in ("take_events", "events_hasher"):
+                raise AttributeError(name)
+            return getattr(self.cache, name)
+
+    engine = Engine(
+        model,
+        EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE),
+        cache_factory=lambda alloc: NoEvents(RadixCache(alloc)),
+    )
+    assert not isinstance(engine.cache, EventSource)
+    with pytest.raises(TypeError, match="event_sink needs a cache .*got engine.cache NoEvents"):
+        AsyncEngine(engine, event_sink=lambda events: None)
+    AsyncEngine(engine)  # no sink: nothing to hand out
+
+
+def test_the_event_relay_hands_over_batches_and_outlives_a_broken_sink(caplog) -> None:
+    class Source:
+        def __init__(self, *batches: list) -> None:
+            self.batches = list(batches)
+
+        def take_events(self) -> list:
+            return self.batches.pop(0) if self.batches else []
+
+    got: list[list] = []
+    relay = EventRelay(Source([], ["e1", "e2"], ["e3"]), got.append)
+    for _ in range(4):
+        relay.relay()
+    assert got == [["e1", "e2"], ["e3"]]  # an empty batch is not handed over
+
+    def broken(events: list) -> None:
+        raise RuntimeError("the publisher is gone")
+
+    source = Source(["e1"], ["e2"])
+    relay = EventRelay(source, broken)
+    with caplog.at_level(logging.ERROR, logger="radixkv.serve.worker"):
+        relay.relay()
+        relay.relay()
+    assert caplog.text.count("the event sink failed; 1 events dropped") == 2
+    assert source.batches == []
+    NO_EVENT_RELAY.relay()  # takes and hands over nothing
 
 
 def test_metrics_follow_the_engine(model) -> None:

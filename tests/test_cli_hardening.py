@@ -156,7 +156,7 @@ def test_serve_passes_special_tokens_in_content_to_the_model_loader(
     capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 21 item 15's opt-out reaches the chat tokenizer; a fleet refuses it."""
-    import radixkv.serve.models as serve_models
+    import radixkv.model.loading as loading
 
     seen: list[bool] = []
 
@@ -164,7 +164,7 @@ def test_serve_passes_special_tokens_in_content_to_the_model_loader(
         seen.append(special_tokens_in_content)
         raise ValueError("stop here")
 
-    monkeypatch.setattr(serve_models, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     for flags, want in (([], False), (["--special-tokens-in-content"], True)):
         assert exit_code(["serve", "--model", "random", "--port", "0", *flags]) == 2
         assert seen.pop() is want
@@ -206,7 +206,7 @@ def test_serve_checks_the_pools_against_the_memory_available_before_allocating(
     torch = pytest.importorskip("torch")
     import radixkv.serve.cli as serve_cli
     from radixkv.model.kvpool import KVPool
-    from radixkv.serve.models import RANDOM_CONFIG as c
+    from radixkv.model.loading import RANDOM_CONFIG as c
 
     per_block = KVPool.block_bytes(c.num_layers, 16, c.num_kv_heads, c.head_dim, torch.float32)
     monkeypatch.setattr(serve_cli, "_available_memory", lambda device: 1500 * per_block)

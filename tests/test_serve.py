@@ -32,19 +32,19 @@ from serve_helpers import TINY_CONFIG, Server, wait_idle  # noqa: E402
 from radixkv.cli import main as cli_main  # noqa: E402
 from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
-from radixkv.model.tokenizer import smollm2_gguf_path  # noqa: E402
+from radixkv.model.loading import load_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
 from radixkv.serve.cli import curl_example  # noqa: E402
-from radixkv.serve.models import (  # noqa: E402
-    ByteTokenizer,
-    build_engine,
-    load_hf_tokenizer,
-    load_model,
-    model_name,
-)
+from radixkv.serve.models import build_engine  # noqa: E402
 from radixkv.serve.protocol import namespace_of  # noqa: E402
-from radixkv.serve.text import TextStream  # noqa: E402
+from radixkv.text.stream import TextStream  # noqa: E402
+from radixkv.text.tokenizer import (  # noqa: E402
+    ByteTokenizer,
+    load_hf_tokenizer,
+    model_name,
+    smollm2_gguf_path,
+)
 
 CFG = TINY_CONFIG
 BLOCK_SIZE = 4
@@ -113,6 +113,28 @@ def visible_text(ids: list[int]) -> str:
 
 
 PROMPTS = ["The radix tree keeps every prefix once.", "Hello, world", "a"]
+
+
+def test_the_serve_package_keeps_its_public_names() -> None:
+    """Issue 23 moved the records the OpenAI layer reads to radixkv.serve.client; every name
+    radixkv.serve exported stays importable from it."""
+    import radixkv.serve
+    from radixkv.serve import client
+
+    assert sorted(radixkv.serve.__all__) == [
+        "AsyncEngine",
+        "EngineMetrics",
+        "RequestOutput",
+        "build_app",
+        "build_engine",
+        "load_model",
+    ]
+    assert radixkv.serve.AsyncEngine is AsyncEngine and radixkv.serve.build_app is build_app
+    assert radixkv.serve.build_engine is build_engine and radixkv.serve.load_model is load_model
+    assert radixkv.serve.RequestOutput is client.RequestOutput
+    assert radixkv.serve.EngineMetrics is client.EngineMetrics
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        radixkv.serve.nothing  # noqa: B018
 
 
 # -------------------------------------------------------------- generation

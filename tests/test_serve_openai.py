@@ -42,9 +42,9 @@ from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
-from radixkv.serve.models import ByteTokenizer, context_length, render_chat  # noqa: E402
 from radixkv.serve.protocol import NOT_IMPLEMENTED  # noqa: E402
-from radixkv.serve.text import TextStream  # noqa: E402
+from radixkv.text.stream import TextStream  # noqa: E402
+from radixkv.text.tokenizer import ByteTokenizer, context_length, render_chat  # noqa: E402
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 512

@@ -1,16 +1,27 @@
-"""The serving tier: one engine behind an OpenAI-compatible HTTP server.
+"""The serving tier: engines behind OpenAI's HTTP API, one on this process or a fleet on Ray Serve.
 
-:mod:`~radixkv.serve.async_engine` runs an :class:`~radixkv.engine.Engine` on a
-thread of its own for asyncio code (:mod:`~radixkv.serve.worker` is that thread,
-:mod:`~radixkv.serve.stream` what a caller iterates); :mod:`~radixkv.serve.app` is the FastAPI app
-(:mod:`~radixkv.serve.handlers` the OpenAI request handling it shares with the fleet's
-ingress, :mod:`~radixkv.serve.choices` a request's choices, :mod:`~radixkv.serve.protocol`
-the request shapes, :mod:`~radixkv.serve.responses` the response shapes,
-:mod:`~radixkv.serve.text` incremental text and stop strings,
-:mod:`~radixkv.serve.metrics` Prometheus text); :mod:`~radixkv.serve.models` loads
-what ``--model`` names; :mod:`~radixkv.serve.cli` is ``radixkv serve``. Needs the
-``engine`` and ``serve`` extras (torch, fastapi, uvicorn, prometheus_client). Names load
-on first use, so importing this package (as the ``radixkv`` command does) costs nothing.
+Three rooms:
+
+- The OpenAI layer, torch-free (fastapi, pydantic, prometheus_client): the request shapes
+  (:mod:`~radixkv.serve.protocol`), the response shapes (:mod:`~radixkv.serve.responses`),
+  errors (:mod:`~radixkv.serve.errors`), a request's choices (:mod:`~radixkv.serve.choices`),
+  the request handling (:mod:`~radixkv.serve.handlers`) over an engine client and the records
+  it reads from an engine (:mod:`~radixkv.serve.client`: ``RequestOutput``,
+  ``EngineMetrics``), Prometheus text (:mod:`~radixkv.serve.metrics`).
+- The one-engine server (torch): :mod:`~radixkv.serve.async_engine` runs an
+  :class:`~radixkv.engine.Engine` on a thread of its own for asyncio code
+  (:mod:`~radixkv.serve.worker` is that thread, :mod:`~radixkv.serve.stream` what a caller
+  iterates); :mod:`~radixkv.serve.app` is the FastAPI app over it;
+  :mod:`~radixkv.serve.models` builds the engine over what ``--model`` names
+  (``load_model`` is :func:`radixkv.model.loading.load_model`); :mod:`~radixkv.serve.cli`
+  is ``radixkv serve``.
+- :mod:`radixkv.serve.ray`: the fleet on Ray Serve (deployments, the ingress, Serve's request
+  router); its routing state and event feed are plain fleet-tier objects
+  (:mod:`radixkv.fleet.routing_state`, :mod:`radixkv.fleet.event_feed`).
+
+Needs the ``serve`` extra (and ``engine`` for the one-engine server, ``fleet`` for Ray).
+Names load on first use, so importing this package (as the ``radixkv`` command does) costs
+nothing.
 """
 
 from __future__ import annotations
@@ -19,17 +30,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from radixkv.model.loading import load_model
     from radixkv.serve.app import build_app
-    from radixkv.serve.async_engine import AsyncEngine, EngineMetrics, RequestOutput
-    from radixkv.serve.models import build_engine, load_model
+    from radixkv.serve.async_engine import AsyncEngine
+    from radixkv.serve.client import EngineMetrics, RequestOutput
+    from radixkv.serve.models import build_engine
 
 _NAMES = {
     "AsyncEngine": "radixkv.serve.async_engine",
-    "EngineMetrics": "radixkv.serve.async_engine",
-    "RequestOutput": "radixkv.serve.async_engine",
+    "EngineMetrics": "radixkv.serve.client",
+    "RequestOutput": "radixkv.serve.client",
     "build_app": "radixkv.serve.app",
     "build_engine": "radixkv.serve.models",
-    "load_model": "radixkv.serve.models",
+    "load_model": "radixkv.model.loading",
 }
 
 __all__ = [

@@ -34,7 +34,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from radixkv.engine.request import SamplingParams
-from radixkv.serve.async_engine import AsyncEngine, RequestOutput, RequestStream
+from radixkv.serve.async_engine import AsyncEngine
+from radixkv.serve.client import RequestOutput
 from radixkv.serve.errors import ApiError, error_response, install_error_handlers, parse_body
 from radixkv.serve.handlers import (
     DEFAULT_CHAT_MAX_TOKENS,
@@ -49,6 +50,7 @@ from radixkv.serve.protocol import (
     TokenizeRequest,
     utf8_problem,
 )
+from radixkv.serve.stream import RequestStream
 
 __all__ = [
     "DEFAULT_CHAT_MAX_TOKENS",
@@ -80,12 +82,12 @@ def build_app(
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` under the model name ``model_name``.
 
-    Text needs ``engine.engine.tokenizer`` (a :class:`~radixkv.serve.models.Tokenizer`);
+    Text needs ``engine.engine.tokenizer`` (a :class:`~radixkv.text.tokenizer.Tokenizer`);
     without one only token-id completions work and replies carry no text. A request
     body over ``max_body_bytes`` (default: :func:`default_max_body_bytes` of the pool) is a 413,
     refused before it is read whole: parsing a huge body would stall every client.
     ``max_model_len`` is the model's context length
-    (:func:`~radixkv.serve.models.context_length`; None: unknown, and the pool alone
+    (:func:`~radixkv.text.tokenizer.context_length`; None: unknown, and the pool alone
     bounds a request): ``/v1/models`` reports it and longer requests are refused.
     ``metrics_prefix`` names the metrics (``"vllm"`` for vLLM's own names).
     ``TypeError`` / ``ValueError`` naming the argument for a bad one.
@@ -198,7 +200,7 @@ def _too_large(limit: int) -> ApiError:
 
 
 class _EngineClient:
-    """:class:`~radixkv.serve.handlers.EngineClient` over one engine: the handlers check a
+    """:class:`~radixkv.serve.client.EngineClient` over one engine: the handlers check a
     request against its vocabulary and pool before queueing it."""
 
     def __init__(self, engine: AsyncEngine) -> None:

@@ -46,10 +46,11 @@ import numpy as np
 from radixkv.cache.protocol import check_namespace
 from radixkv.engine.engine import Engine, check_prompt_logprobs
 from radixkv.engine.request import Request, SamplingParams
-from radixkv.serve.stream import Delta, RequestOutput, RequestStream, TokenInfo
-from radixkv.serve.worker import ABORT, ADD, CALL, STOP, EngineMetrics, EngineWorker
+from radixkv.serve.client import EngineMetrics
+from radixkv.serve.stream import Delta, RequestStream, TokenInfo
+from radixkv.serve.worker import ABORT, ADD, CALL, STOP, EngineWorker, EventSink
 
-__all__ = ["AsyncEngine", "EngineMetrics", "RequestOutput", "RequestStream"]
+__all__ = ["AsyncEngine"]
 
 T = TypeVar("T")
 
@@ -60,13 +61,14 @@ class AsyncEngine:
 
     ``event_sink``, if given, receives ``engine.cache.take_events()`` after every
     step that produced events, on the engine thread (keep it short; hand off to
-    another thread or loop for I/O). Use as ``async with AsyncEngine(engine) as e:``
+    another thread or loop for I/O); ``TypeError`` naming it for a cache without
+    ``take_events`` (every built-in cache has it). Use as ``async with AsyncEngine(engine) as e:``
     or call :meth:`start` / :meth:`shutdown`; :meth:`generate` and :meth:`call`
     start the engine thread themselves when it is not running. The engine thread
     serves the event loop it was started from.
     """
 
-    def __init__(self, engine: Engine, *, event_sink: Callable[[list], None] | None = None) -> None:
+    def __init__(self, engine: Engine, *, event_sink: EventSink | None = None) -> None:
         if not isinstance(engine, Engine):
             raise TypeError(f"engine must be an Engine, got {type(engine).__name__}")
         if event_sink is not None and not callable(event_sink):

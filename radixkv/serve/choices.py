@@ -3,7 +3,7 @@
 A request has ``len(prompts) x n`` choices; choice ``index`` is prompt position x ``n``
 + fork. Each :class:`Choice` has its own engine call (or none, for an echo of the
 prompt with ``max_tokens`` 0 and no logprobs) and its own
-:class:`~radixkv.serve.text.TextStream`; :meth:`Choice.step` takes each output of the
+:class:`~radixkv.text.stream.TextStream`; :meth:`Choice.step` takes each output of the
 call, :meth:`Choice.response` is the whole choice and :meth:`Choice.chunk` a streamed
 piece. :func:`merged` runs every choice's outputs into one stream, and
 :func:`usage_of` sums their usage: each prompt's tokens once (not once per fork), every
@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from radixkv.serve.client import EngineCall, RequestOutput
 from radixkv.serve.responses import (
     TokenText,
     chat_choice,
@@ -27,20 +28,11 @@ from radixkv.serve.responses import (
     prompt_logprobs_entries,
     usage,
 )
-from radixkv.serve.stream import RequestOutput
-from radixkv.serve.text import TextStream
+from radixkv.text.stream import TextStream
 
-__all__ = ["Call", "Choice", "Prompt", "ReplySpec", "fork_seed", "merged", "usage_of"]
+__all__ = ["Choice", "Prompt", "ReplySpec", "fork_seed", "merged", "usage_of"]
 
 SEED_SPAN = 2**64
-
-
-class Call(Protocol):
-    """An engine call, as a choice reads it (the handlers' ``EngineCall``)."""
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
-
-    async def aclose(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -86,7 +78,7 @@ class Choice:
     prompt_index: int
     prompt: Prompt
     spec: ReplySpec
-    call: Call | None
+    call: EngineCall | None
     text: TextStream
     keep_output: bool = True
     token_ids: list[int] = field(default_factory=list)

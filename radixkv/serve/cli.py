@@ -1,6 +1,6 @@
 """``radixkv serve``: an OpenAI-compatible server for one model (or a fleet of replicas).
 
-One replica: the engine (the model of :func:`radixkv.serve.models.load_model`) behind
+One replica: the engine (the model of :func:`radixkv.model.loading.load_model`) behind
 :func:`radixkv.serve.app.build_app`, served by uvicorn. The port is bound and the
 model loaded before the command prints its URL and a ready-to-paste ``curl`` line,
 so a bad flag, a busy port, an unusable ``--model`` or a KV pool (``--num-blocks``,
@@ -17,7 +17,7 @@ vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` names
 ``/metrics`` as vLLM does.
 
 ``--replicas N`` (N > 1) with ``--router NAME`` serves a fleet on Ray Serve instead
-(:func:`radixkv.serve.fleet.serve_fleet`). This module imports only argparse at
+(:func:`radixkv.serve.ray.fleet.serve_fleet`). This module imports only argparse at
 load time; fastapi, uvicorn, torch and ray load when the command runs.
 """
 
@@ -133,11 +133,12 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from radixkv.engine.engine import Engine, EngineConfig
+        from radixkv.model.loading import load_model
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
         from radixkv.serve.metrics import check_prefix
-        from radixkv.serve.models import context_length, load_model, model_name
         from radixkv.serve.protocol import utf8_problem
+        from radixkv.text.tokenizer import context_length, model_name
     except ImportError as exc:
         return fail(PROG, f"{exc}; install the serve extra: pip install 'radixkv[serve]'")
     try:
@@ -351,7 +352,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
             "takes special tokens from the chat template only",
         )
     try:
-        from radixkv.serve.fleet import serve_fleet
+        from radixkv.serve.ray.fleet import serve_fleet
     except ImportError as exc:
         return fail(PROG, f"a fleet needs Ray Serve ({exc}); pip install 'radixkv[fleet]'")
     try:

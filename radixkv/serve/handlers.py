@@ -1,12 +1,13 @@
-"""The OpenAI API's request handling, written once over any :class:`EngineClient`.
+"""The OpenAI API's request handling, written once over any engine client.
 
-:class:`OpenAIHandlers` turns a parsed request (:mod:`radixkv.serve.protocol`)
-into prompts (token ids) and :class:`~radixkv.engine.request.SamplingParams`, starts
+:class:`OpenAIHandlers` (over an :class:`~radixkv.serve.client.EngineClient`) turns a
+parsed request (:mod:`radixkv.serve.protocol`) into prompts (token ids) and
+:class:`~radixkv.engine.request.SamplingParams`, starts
 one engine call per choice (``n`` per prompt: forks of one prompt share its blocks,
 since the first fork's prefill is cached before the others are admitted) and shapes
 what comes back (:mod:`radixkv.serve.choices`): one JSON response, or server-sent
 events ending in ``data: [DONE]``, every choice's chunks as they come, each with its
-``index``; text and stop strings through :class:`~radixkv.serve.text.TextStream`;
+``index``; text and stop strings through :class:`~radixkv.text.stream.TextStream`;
 ``usage`` with the prompt tokens the cache held. A bad request is an
 :class:`~radixkv.serve.errors.ApiError` (OpenAI's error body) before the engine sees
 any of it; any other failure is logged and answered as a 500 with that body (an
@@ -14,7 +15,8 @@ exception escaping the app would drop the client's keep-alive connection). Promp
 tokenized (and chat templates rendered) on a worker thread, so a long prompt does not
 stall the event loop; a ``temperature`` below :data:`SAMPLING_EPS` is greedy, as in
 vLLM. The single-engine app (:mod:`radixkv.serve.app`) and the fleet's ingress
-(:mod:`radixkv.serve.fleet_ingress`) differ only in their client and their routes.
+(:mod:`radixkv.serve.ray.ingress`) differ only in their client and their routes. Part of
+the torch-free OpenAI layer: nothing here loads a model.
 """
 
 from __future__ import annotations
@@ -25,18 +27,17 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
-from typing import Any, ParamSpec, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixkv.engine.request import SamplingParams
-from radixkv.serve.async_engine import RequestOutput
 from radixkv.serve.choices import Choice, Prompt, ReplySpec, fork_seed, merged, usage_of
+from radixkv.serve.client import EngineCall, EngineClient, RequestOutput
 from radixkv.serve.errors import ApiError, as_api_error
 from radixkv.serve.metrics import NO_REQUEST_METRICS, RequestMetrics
-from radixkv.serve.models import Tokenizer, render_chat
 from radixkv.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -47,15 +48,10 @@ from radixkv.serve.protocol import (
     new_id,
 )
 from radixkv.serve.responses import envelope
-from radixkv.serve.text import TextStream
+from radixkv.text.stream import TextStream
+from radixkv.text.tokenizer import Tokenizer, render_chat
 
-__all__ = [
-    "DEFAULT_CHAT_MAX_TOKENS",
-    "DEFAULT_COMPLETION_MAX_TOKENS",
-    "EngineCall",
-    "EngineClient",
-    "OpenAIHandlers",
-]
+__all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_COMPLETION_MAX_TOKENS", "OpenAIHandlers"]
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 1024  # capped further by what the KV pool can hold
@@ -84,49 +80,6 @@ def _api_errors(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
             raise as_api_error(exc) from None
 
     return wrapper
-
-
-class EngineCall(Protocol):
-    """One request in flight: its outputs, the last one final."""
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
-
-    async def aclose(self) -> None:
-        """Stop listening; end the request if it has not finished. Idempotent."""
-
-    async def abort(self) -> None:
-        """End the request from another task (its client went away)."""
-
-
-class EngineClient(Protocol):
-    """What the handlers need of whatever serves a request: one engine or a fleet.
-
-    ``vocab_size``, ``max_model_len`` and :meth:`max_new_tokens` are ``None``
-    where only the engine behind the client knows them; it then checks them itself.
-    """
-
-    tokenizer: Tokenizer | None
-
-    @property
-    def vocab_size(self) -> int | None: ...
-
-    @property
-    def max_model_len(self) -> int | None: ...
-
-    def max_new_tokens(self, prompt_len: int) -> int | None:
-        """The most new tokens a prompt of ``prompt_len`` tokens leaves room for (0: none)."""
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        namespace: Hashable,
-        *,
-        cap_to_pool: bool = False,
-    ) -> EngineCall:
-        """Start one request; ``cap_to_pool`` lowers ``params.max_new_tokens`` to what the
-        pool holds (a default, not a client's ask). ``ApiError`` (400) if the engine refuses
-        it, before anything is answered."""
 
 
 @dataclasses.dataclass

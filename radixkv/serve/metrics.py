@@ -37,7 +37,7 @@ name                                        type       meaning
 ==========================================  =========  =====================================
 
 The gauges and counters come from the engine thread's snapshot
-(:class:`~radixkv.serve.async_engine.EngineMetrics`) and the host tier's
+(:class:`~radixkv.serve.client.EngineMetrics`) and the host tier's
 :class:`~radixkv.engine.engine.TierStats` at scrape time; the histograms and
 ``request_success`` are recorded by the request handlers as each choice ends
 (:class:`RequestMetrics`), with the finish reason the client saw (a stop string is
@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from radixkv.serve.async_engine import EngineMetrics
+from radixkv.serve.client import EngineMetrics
 
 if TYPE_CHECKING:
     from radixkv.engine.engine import TierStats

@@ -3,57 +3,20 @@
 The engine thread posts a :class:`Delta` per request and step into the request's
 ``asyncio.Queue``, with a :class:`TokenInfo` (the new tokens' logprobs and times) where
 the engine produced tokens; :class:`RequestStream` turns them into
-:class:`RequestOutput` (the new tokens and what is known of them, all tokens so far,
-how it ended) and aborts the request when its consumer leaves.
+:class:`~radixkv.serve.client.RequestOutput` (the new tokens and what is known of them,
+all tokens so far, how it ended) and aborts the request when its consumer leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from radixkv.engine.request import PromptLogprobs
+from radixkv.serve.client import RequestOutput, TopLogprobs
 
-__all__ = ["Delta", "RequestOutput", "RequestStream", "TokenInfo"]
-
-TopLogprobs = list[tuple[int, float]]
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """A request's progress since the previous output its stream yielded.
-
-    ``new_token_ids`` are the tokens sampled since then (possibly several, when
-    the consumer was slower than the engine; empty only in a final output that
-    brings no token, e.g. an abort); ``output_ids`` all of them so far. Once
-    ``finished``, ``finish_reason`` is ``"length"``, ``"stop"`` (a stop token, kept
-    in the ids), ``"abort"`` or ``"error"`` (then ``error`` says why).
-    ``cached_tokens`` is the prompt prefix found in the cache at admission (0
-    before it).
-
-    What the engine knew of the new tokens: ``logprobs`` (the model's logprob of each),
-    ``top_logprobs`` (the likeliest alternatives at each position, where the request
-    asked; else empty lists) and ``token_times`` (when each was sampled, the engine's
-    ``time.perf_counter``); these three align with ``new_token_ids``. Once known and
-    from then on: ``prompt_logprobs`` (where asked), ``arrival_time`` (queued in the
-    engine) and ``scheduled_time`` (first scheduled), on the same clock.
-    """
-
-    request_id: int
-    new_token_ids: list[int]
-    output_ids: list[int]
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    error: str | None
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[TopLogprobs] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
-    prompt_logprobs: PromptLogprobs | None = None
-    arrival_time: float | None = None
-    scheduled_time: float | None = None
+__all__ = ["Delta", "RequestStream", "TokenInfo"]
 
 
 @dataclass(frozen=True)

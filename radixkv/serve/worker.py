@@ -15,16 +15,28 @@ import logging
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from radixkv.cache.allocator import InvariantError
+from radixkv.cache.events import KVCacheEvent
 from radixkv.engine.engine import Engine
 from radixkv.engine.request import Request
+from radixkv.serve.client import EngineMetrics
 from radixkv.serve.stream import Delta
 
-__all__ = ["ABORT", "ADD", "CALL", "STOP", "EngineMetrics", "EngineWorker"]
+__all__ = [
+    "ABORT",
+    "ADD",
+    "CALL",
+    "NO_EVENT_RELAY",
+    "STOP",
+    "EngineWorker",
+    "EventRelay",
+    "EventSink",
+    "EventSource",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +45,45 @@ log = logging.getLogger(__name__)
 ADD, ABORT, CALL, STOP = "add", "abort", "call", "stop"
 
 Outputs = list[tuple[int, Delta | BaseException]]
+EventSink = Callable[[list[KVCacheEvent]], None]
 
 
-@dataclass(frozen=True)
-class EngineMetrics:
-    """A snapshot of the engine, taken on the engine thread after each step.
+@runtime_checkable
+class EventSource(Protocol):
+    """A cache that hands out its KV events: every built-in cache (``[]`` with events off)."""
 
-    Gauges: ``running`` / ``waiting`` requests; ``kv_usage``, the fraction of the
-    KV pool requests hold (blocks only the cache holds are free to evict and do not
-    count, as in vLLM's ``kv_cache_usage_perc``). Counters since the engine was
-    built: ``prefix_cache_queries`` / ``prefix_cache_hits`` (prompt tokens looked up
-    in the cache / found there, vLLM's names; a preempted request looks up again),
-    ``preemptions``, ``failed_steps``. Counters since this AsyncEngine was built:
-    ``requests_finished`` (any finish reason), ``prompt_tokens`` (of requests that
-    got their first token), ``generation_tokens``.
+    def take_events(self) -> list[KVCacheEvent]: ...
+
+
+class EventRelay:
+    """Hands ``source``'s KV events to ``sink`` after each round, on the engine thread.
+
+    ``sink`` gets each non-empty batch, oldest event first; a sink that raises loses
+    that batch (logged) and serving goes on. Complexity: O(events) per :meth:`relay`.
     """
 
-    running: int
-    waiting: int
-    kv_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    preemptions: int
-    requests_finished: int
-    prompt_tokens: int
-    generation_tokens: int
-    failed_steps: int
+    def __init__(self, source: EventSource, sink: EventSink) -> None:
+        self._take = source.take_events
+        self._sink = sink
+
+    def relay(self) -> None:
+        """Take the source's pending events and hand them to the sink (if there are any)."""
+        events = self._take()
+        if events:
+            try:
+                self._sink(events)
+            except Exception:  # noqa: BLE001 - a broken sink must not stop serving
+                log.exception("the event sink failed; %d events dropped", len(events))
+
+
+class _NoEventRelay:
+    """The relay without a sink: takes nothing (the cache keeps its events, if any)."""
+
+    def relay(self) -> None:
+        pass
+
+
+NO_EVENT_RELAY = _NoEventRelay()
 
 
 @dataclass
@@ -75,7 +100,9 @@ class EngineWorker:
 
     ``post(outputs)`` receives, after each round, ``(stream_id, Delta or exception)``
     pairs (it must be thread-safe: it is called on the engine thread).
-    ``event_sink`` gets the cache's events after each round that produced some.
+    ``event_sink`` gets the cache's events after each round that produced some
+    (:class:`EventRelay`); ``TypeError`` naming it when ``engine.cache`` hands out no
+    events (no ``take_events``: a cache of ``Engine``'s ``cache_factory``).
     ``metrics`` is the latest snapshot; ``dead`` says why :meth:`run` failed.
     """
 
@@ -84,12 +111,12 @@ class EngineWorker:
         engine: Engine,
         commands: queue.SimpleQueue,
         post: Callable[[Outputs], None],
-        event_sink: Callable[[list], None] | None = None,
+        event_sink: EventSink | None = None,
     ) -> None:
         self.engine = engine
         self._commands = commands
         self._post = post
-        self._event_sink = event_sink
+        self._events = _relay(engine, event_sink)
         self.by_stream: dict[int, _Tracked] = {}
         self.by_engine: dict[int, _Tracked] = {}
         self._num_finished = 0
@@ -214,14 +241,7 @@ class EngineWorker:
     def _after(self, outputs: list) -> None:
         """After each round: hand events to the sink, refresh the metrics, post the outputs
         (in that order, so a consumer never sees metrics older than its output)."""
-        if self._event_sink is not None:
-            take = getattr(self.engine.cache, "take_events", None)
-            events = take() if take is not None else []
-            if events:
-                try:
-                    self._event_sink(events)
-                except Exception:  # noqa: BLE001 - a broken sink must not stop serving
-                    log.exception("the event sink failed; %d events dropped", len(events))
+        self._events.relay()
         self.metrics = self.snapshot()
         self._post(outputs)
 
@@ -264,6 +284,19 @@ class EngineWorker:
                 raise InvariantError(f"stream {t.stream_id} tracks a finished request")
             if t.sent > req.num_output_tokens:
                 raise InvariantError(f"stream {t.stream_id} was sent tokens it lacks")
+
+
+def _relay(engine: Engine, event_sink: EventSink | None) -> EventRelay | _NoEventRelay:
+    """The relay of ``engine``'s cache events to ``event_sink`` (none without a sink)."""
+    if event_sink is None:
+        return NO_EVENT_RELAY
+    cache = engine.cache
+    if not isinstance(cache, EventSource):
+        raise TypeError(
+            f"event_sink needs a cache that hands out KV events (take_events), "
+            f"got engine.cache {type(cache).__name__}"
+        )
+    return EventRelay(cache, event_sink)
 
 
 def _next(commands: queue.SimpleQueue) -> Any:

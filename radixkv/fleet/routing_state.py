@@ -1,4 +1,4 @@
-"""RoutingState: what a Serve request router keeps between Serve's callbacks and a radixkv policy.
+"""RoutingState: what a serving front's request router keeps between its callbacks and a policy.
 
 Serve tells a request router three things about each call: that it should
 pick replicas for it (``choose_replicas``, possibly several times: a replica
@@ -8,7 +8,12 @@ accepted it (``on_request_routed``) and that it ended
 :class:`~radixkv.fleet.protocol.Router` wants one ``choose`` per placed
 request, one ``on_finish`` per ended one, and current ``in_flight`` counts.
 :class:`RoutingState` turns the first into the second. Plain Python: no Ray,
-no I/O, no threads.
+no I/O, no threads; Ray Serve's adapter
+(:class:`~radixkv.serve.ray.request_router.PrefixRouter`) only forwards its callbacks.
+
+What a routing snapshot shows of a policy's prefix index is an :class:`IndexView`
+collaborator, chosen once from the policy (:func:`index_view`): the blocks an
+``exact`` or ``approx`` policy indexes per replica, nothing for the others.
 """
 
 from __future__ import annotations
@@ -16,16 +21,66 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from radixkv.cache.allocator import invariant
 from radixkv.cache.events import AllBlocksCleared, KVCacheEvent
 from radixkv.fleet.approx import ApproxIndex
 from radixkv.fleet.exact import ExactIndex
 from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
+from radixkv.fleet.router import ApproxPrefixRouter, ExactPrefixRouter
 from radixkv.fleet.transport import Reset
 
-__all__ = ["RoutingState"]
+__all__ = ["NO_INDEX_VIEW", "IndexView", "RoutingState", "index_view"]
+
+
+class IndexView(Protocol):
+    """What a routing snapshot shows of one replica in a policy's prefix index."""
+
+    def describe(self, replica_id: Hashable) -> dict[str, Any]:
+        """Fields to add to ``replica_id``'s snapshot row ({} for a policy without an index)."""
+        ...
+
+
+class _NoIndexView:
+    """The view of a policy that keeps no prefix index: adds nothing."""
+
+    def describe(self, replica_id: Hashable) -> dict[str, Any]:
+        return {}
+
+
+NO_INDEX_VIEW: IndexView = _NoIndexView()
+
+
+class _ExactIndexView:
+    """``blocks``: the hashes an :class:`ExactIndex` holds as reported by the replica's events
+    (speculative entries left out), sorted."""
+
+    def __init__(self, index: ExactIndex) -> None:
+        self.index = index
+
+    def describe(self, replica_id: Hashable) -> dict[str, Any]:
+        return {"blocks": sorted(self.index.blocks(replica_id))}
+
+
+class _ApproxIndexView:
+    """``blocks``: the hashes an :class:`ApproxIndex` recorded for the replica, sorted."""
+
+    def __init__(self, index: ApproxIndex) -> None:
+        self.index = index
+
+    def describe(self, replica_id: Hashable) -> dict[str, Any]:
+        return {"blocks": sorted(self.index.hashes(replica_id))}
+
+
+def index_view(router: Router) -> IndexView:
+    """The view of ``router``'s prefix index: the ``exact`` and ``approx`` policies' (their
+    ``index``), :data:`NO_INDEX_VIEW` for any other policy. O(1)."""
+    if isinstance(router, ExactPrefixRouter):
+        return _ExactIndexView(router.index)
+    if isinstance(router, ApproxPrefixRouter):
+        return _ApproxIndexView(router.index)
+    return NO_INDEX_VIEW
 
 
 @dataclass(eq=False)  # decisions are told apart by identity
@@ -65,6 +120,12 @@ class RoutingState:
     The policy is called after the bookkeeping it follows, so an exception
     from it passes through with :meth:`check`'s invariants intact. Not
     thread-safe: one event loop drives it.
+
+    Each ended decision the policy counted gets exactly one ``on_finish`` (completed,
+    undone for a new attempt, moved by Serve's fallback, expired unconfirmed): what
+    ends an ``exact`` policy's speculative entries for an aborted request.
+    ``index`` is what :meth:`snapshot` shows of the policy's prefix index (default:
+    :func:`index_view` of ``router``).
     """
 
     def __init__(
@@ -74,11 +135,13 @@ class RoutingState:
         confirmations: bool = True,
         pending_ttl_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        index: IndexView | None = None,
     ) -> None:
         ttl = pending_ttl_s
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
             raise ValueError(f"pending_ttl_s must be a positive number, got {ttl!r}")
         self.router = router
+        self.index = index_view(router) if index is None else index
         self.confirmations = bool(confirmations)
         self.pending_ttl_s = float(ttl)
         self._clock = clock
@@ -270,15 +333,10 @@ class RoutingState:
             )
 
     def snapshot(self) -> dict[Hashable, dict[str, Any]]:
-        """Per known replica: its load as the router sees it and, for a policy with an index,
-        the block hashes indexed there (``exact``: reported by events; ``approx``: recorded)."""
-        index = getattr(self.router, "index", None)
-        out: dict[Hashable, dict[str, Any]] = {}
-        for replica_id, s in self.replicas.items():
-            row: dict[str, Any] = asdict(s)
-            if isinstance(index, ExactIndex):
-                row["blocks"] = sorted(index.blocks(replica_id))
-            elif isinstance(index, ApproxIndex):
-                row["blocks"] = sorted(index.hashes(replica_id))
-            out[replica_id] = row
-        return out
+        """Per known replica: its load as the router sees it and what :attr:`index` shows of
+        it (``exact``, ``approx``: the block hashes indexed there, reported by events or
+        recorded). Complexity: O(replicas) plus the view's."""
+        return {
+            replica_id: {**asdict(s), **self.index.describe(replica_id)}
+            for replica_id, s in self.replicas.items()
+        }

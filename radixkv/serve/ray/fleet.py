@@ -3,7 +3,7 @@
 Two deployments make one Serve application:
 
 ```
-HTTP -> Serve proxy -> FleetIngress (OpenAI API: parse, tokenize)          fleet_ingress.py
+HTTP -> Serve proxy -> FleetIngress (OpenAI API: parse, tokenize)          ingress.py
                         |  handle.generate(prompt_ids=..., namespace=...)  routed by PrefixRouter
                         v
                        EngineReplica x N (AsyncEngine + radix cache, KV events on ZMQ)
@@ -11,7 +11,7 @@ HTTP -> Serve proxy -> FleetIngress (OpenAI API: parse, tokenize)          fleet
 
 The proxy's router sees only opaque HTTP payloads, so the ingress turns each
 request into token ids and calls the engine deployment through a handle: that
-handle's request router (:class:`~radixkv.serve.ray_router.PrefixRouter`)
+handle's request router (:class:`~radixkv.serve.ray.request_router.PrefixRouter`)
 sees ``prompt_ids`` and places the request with a radixkv policy. Each
 :class:`EngineReplica` publishes its cache's KV events (vLLM's wire format) on
 its own endpoints, announced once through ``record_replica_metadata``, and its
@@ -37,13 +37,16 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from radixkv.cache.radix import RadixCache
 from radixkv.engine.request import SamplingParams
 from radixkv.fleet.router import ROUTERS
 from radixkv.fleet.transport import EventPublisher
-from radixkv.serve.async_engine import AsyncEngine, RequestOutput
-from radixkv.serve.fleet_ingress import EngineLimits, FleetIngress
-from radixkv.serve.models import build_engine, event_hasher, model_name
-from radixkv.serve.ray_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
+from radixkv.serve.async_engine import AsyncEngine
+from radixkv.serve.client import RequestOutput
+from radixkv.serve.models import build_engine, event_hasher
+from radixkv.serve.ray.ingress import EngineLimits, FleetIngress
+from radixkv.serve.ray.request_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
+from radixkv.text.tokenizer import model_name
 
 __all__ = [
     "FLEET_ROUTERS",
@@ -68,24 +71,14 @@ _RAY_PREFIX_CLASS = (
 FLEET_ROUTERS = (*sorted(ROUTERS), SERVE_DEFAULT_ROUTER, RAY_PREFIX_ROUTER)
 
 
-def cache_block_hashes(cache: Any) -> list[int]:
+def cache_block_hashes(cache: RadixCache) -> list[int]:
     """The wire hashes (``ChainHasher.wire``) of every block a radix cache with events on
-    holds, sorted: what its ``BlockStored`` / ``BlockRemoved`` events net out to.
-
-    Reads the tree's per-node digests (``RadixCache`` offers no public walk;
-    its ``check()`` verifies each node's digests are its chain's hashes).
-    ``ValueError`` for a cache without events. Call it on the engine's
-    thread (``AsyncEngine.call``). Complexity: O(cached blocks).
+    holds, sorted: what its ``BlockStored`` / ``BlockRemoved`` events net out to
+    (``RadixCache.block_hashes``). ``ValueError`` for a cache without events. Call it on
+    the engine's thread (``AsyncEngine.call``). Complexity: O(cached blocks log cached
+    blocks).
     """
-    hasher = getattr(cache, "events_hasher", None)
-    if hasher is None:
-        raise ValueError(f"cache must be a radix cache with events on, got {cache!r}")
-    size = len(hasher.root)
-    out: list[int] = []
-    for node in cache._iter_nodes():
-        d = node.digests
-        out += [hasher.wire(d[i : i + size]) for i in range(0, len(d), size)]
-    return sorted(out)
+    return sorted(cache.block_hashes())
 
 
 @serve.deployment(name="EngineReplica")
@@ -142,7 +135,7 @@ class EngineReplica:
         return self.info.to_metadata()
 
     def limits(self) -> dict[str, int]:
-        """What this replica accepts (:class:`~radixkv.serve.fleet_ingress.EngineLimits`'
+        """What this replica accepts (:class:`~radixkv.serve.ray.ingress.EngineLimits`'
         fields): the ingress checks requests against them before routing."""
         return dataclasses.asdict(self._limits)
 

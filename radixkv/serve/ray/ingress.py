@@ -5,7 +5,7 @@ router can see a prompt there. :class:`FleetIngress` parses and validates the
 OpenAI request (:mod:`radixkv.serve.protocol`), tokenizes it, and calls the
 engine deployment's ``generate`` through a streaming handle with the token ids
 as the keyword ``prompt_ids``: the handle's request router
-(:class:`~radixkv.serve.ray_router.PrefixRouter`) places it by prefix and load.
+(:class:`~radixkv.serve.ray.request_router.PrefixRouter`) places it by prefix and load.
 Everything else is the single-engine server's request handling
 (:class:`~radixkv.serve.handlers.OpenAIHandlers` over this module's routed client),
 with the replicas' :class:`EngineLimits` (asked of one replica when the
@@ -19,6 +19,9 @@ server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` and
 ``GET /replicas`` (the replicas that answer; one that does not is reported
 as unreachable), and ``GET /router``: this ingress's router's view of the
 fleet (load, and the blocks its index holds per replica).
+
+Torch-free: the ingress parses, tokenizes (the model's tokenizer alone, no weights) and
+routes; only the engine replicas (:mod:`radixkv.serve.ray.fleet`) load a model.
 """
 
 # No ``from __future__ import annotations``: Serve rebuilds the routes from a by-value pickle
@@ -26,7 +29,6 @@ fleet (load, and the blocks its index holds per replica).
 # not resolve string annotations (the request models) there.
 from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -35,40 +37,20 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from radixkv.engine.request import SamplingParams
-from radixkv.serve import router_registry
-from radixkv.serve.async_engine import EngineMetrics, RequestOutput
+from radixkv.serve.client import EngineMetrics, RequestOutput
 from radixkv.serve.errors import ApiError, as_api_error, install_error_handlers
 from radixkv.serve.handlers import OpenAIHandlers
 from radixkv.serve.metrics import CONTENT_TYPE, render_fleet_metrics
-from radixkv.serve.models import ByteTokenizer, ChatTokenizer, Tokenizer, load_hf_tokenizer
 from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest
+from radixkv.serve.ray import router_registry
+from radixkv.text.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["EngineLimits", "FleetIngress", "collect_stats", "load_tokenizer"]
+__all__ = ["EngineLimits", "FleetIngress", "PromptText", "collect_stats"]
 
 STATS_TIMEOUT_S = 30.0  # for every replica's stats together (GET /replicas, /metrics)
 
 api = FastAPI(title="radixkv fleet")
 install_error_handlers(api)
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-    """The tokenizer of the model ``spec`` names, without loading its weights: ``"random"``'s
-    byte tokenizer, a Hugging Face directory's ``tokenizer.json``, or a GGUF file's (or
-    ``"smollm2"``'s) vocabulary. ``ValueError`` naming ``spec`` when it names none."""
-    if spec == "random":
-        return ByteTokenizer()
-    from radixkv.model.loading import open_gguf
-    from radixkv.model.tokenizer import load_gguf_tokenizer, smollm2_gguf_path
-
-    path = smollm2_gguf_path() if spec == "smollm2" else Path(spec)
-    if path is None or not Path(path).exists():
-        raise ValueError(f"spec {spec!r} is neither 'smollm2', 'random' nor an existing path")
-    if Path(path).is_dir():
-        return load_hf_tokenizer(path)
-    try:
-        return ChatTokenizer(load_gguf_tokenizer(open_gguf(path)))
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"spec {spec!r}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -165,7 +147,7 @@ class _RoutedCall:
 
 
 class _RoutedClient:
-    """:class:`~radixkv.serve.handlers.EngineClient` over the engine deployment's handle:
+    """:class:`~radixkv.serve.client.EngineClient` over the engine deployment's handle:
     the handlers check each request against the replicas' ``limits``, then it goes where
     the handle's router places it."""
 
@@ -222,7 +204,7 @@ class _RoutedClient:
 @serve.deployment(name="FleetIngress")
 @serve.ingress(api)
 class FleetIngress:
-    """The OpenAI API over a deployment of :class:`~radixkv.serve.fleet.EngineReplica`
+    """The OpenAI API over a deployment of :class:`~radixkv.serve.ray.fleet.EngineReplica`
     (``engine``, a handle), for the model ``model`` served as ``model_name``. Starting, it
     asks one replica for the :class:`EngineLimits` (so it waits for one to run)."""
 

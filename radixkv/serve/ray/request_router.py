@@ -21,11 +21,11 @@ How the pieces meet:
   Serve polls every ``request_routing_stats_period_s``: a second or more
   stale, fine for load, not for cache contents.
 - **Cache contents** come from each replica's KV event stream, read on a
-  background thread (:class:`~radixkv.serve.event_feed.EventFeed`) and
+  background thread (:class:`~radixkv.fleet.event_feed.EventFeed`) and
   applied on the router's loop before each decision; the ``exact`` policy's
   speculative entries cover the time until a replica's events arrive.
 - **In flight** is the router's own count
-  (:class:`~radixkv.serve.routing_state.RoutingState`): a
+  (:class:`~radixkv.fleet.routing_state.RoutingState`): a
   decision counts from ``choose_replicas`` until ``on_request_completed``.
 - **Failures stay here.** An exception from the policy or the bookkeeping
   is logged and never reaches Serve, whose routing task would die with it and
@@ -34,7 +34,8 @@ How the pieces meet:
 
 Serve unpickles this class by value in every process that routes, so state
 that must be shared with the rest of the process lives in modules imported
-normally (:mod:`radixkv.serve.router_registry`).
+normally (:mod:`radixkv.serve.ray.router_registry`). The state and the feed are plain
+fleet-tier objects; this module is only Serve's callbacks around them.
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ import numpy as np
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from radixkv.cache.events import CHAIN_HASHES, ChainHasher
+from radixkv.fleet.event_feed import EventFeed
 from radixkv.fleet.protocol import Router, RouteRequest
 from radixkv.fleet.router import ROUTERS, make_router
-from radixkv.serve import router_registry
-from radixkv.serve.event_feed import EventFeed
-from radixkv.serve.routing_state import RoutingState
+from radixkv.fleet.routing_state import RoutingState
+from radixkv.serve.ray import router_registry
 
 __all__ = ["PrefixRouter", "PrefixRouterConfig", "ReplicaInfo", "route_request_of"]
 

@@ -2,11 +2,12 @@
 
 A router reads the streams of all the replicas it routes to. ZMQ sockets
 belong to one thread and filling a gap waits on a replay socket, so neither
-may run on Serve's router event loop: :class:`EventFeed` owns one
+may run on a router's event loop (Ray Serve's, for
+:class:`~radixkv.serve.ray.request_router.PrefixRouter`): :class:`EventFeed` owns one
 :class:`~radixkv.fleet.transport.EventSubscriber` per replica on a daemon
 thread, and the router takes what arrived with :meth:`EventFeed.drain`, on its
 own loop, before each decision. The router's index is only ever touched by
-the router's thread.
+the router's thread. Plain Python over pyzmq: no Ray, no torch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The prefix routers alive in this process, so the process that hosts one can report its state.
 
 Serve unpickles a deployment's request router class *by value*: the
-:class:`~radixkv.serve.ray_router.PrefixRouter` running in a process is a
+:class:`~radixkv.serve.ray.request_router.PrefixRouter` running in a process is a
 copy whose module globals are its own, and ``isinstance`` against the class
 imported normally is False. This module is imported normally by both sides,
 so its registry is the one place where the ingress that holds a handle can
