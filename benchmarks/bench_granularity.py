@@ -40,7 +40,7 @@ from granularity_workloads import WORKLOADS, ideal_hit_tokens
 
 from radixkv import BlockAllocator
 from radixkv.cache.hashcache import HashBlockCache
-from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.prefix_cache import PrefixCache
 from radixkv.cache.radix import RadixCache
 
 CACHES = ("radix", "hash")

@@ -33,9 +33,9 @@ import numpy as np
 from bench_common import save_rows
 
 from radixkv import BlockAllocator
-from radixkv.cache.hashing import BlockHasher
 from radixkv.cache.hashcache import HashBlockCache
-from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.hashing import BlockHasher
+from radixkv.cache.prefix_cache import PrefixCache
 from radixkv.cache.radix import RadixCache
 
 VLLM_REFERENCE = {"hit": 0.62, "miss": 1.5, "sha256": 11e6}  # us/block, us/block, tokens/s

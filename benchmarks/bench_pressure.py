@@ -32,7 +32,7 @@ import numpy as np
 from bench_common import save_rows
 
 from radixkv import BlockAllocator, RadixCache
-from radixkv.engine.kv_manager import KVCacheManager
+from radixkv.cache.manager import KVCacheManager
 
 BLOCK = 16
 PREFIXES = 64

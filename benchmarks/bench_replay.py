@@ -78,8 +78,8 @@ def main() -> int:
     args = parse_args()
     if args.cold_jit:
         os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixkv-numba-")
+    from radixkv.replay import flat_policies as pf
     from radixkv.replay import load_trace, replay
-    from radixkv.replay import policies_fast as pf
     from radixkv.replay.reference import reference_replay, unreachable_reference
 
     trace = load_trace(args.trace)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import save_rows  # noqa: E402
 
 from radixkv.fleet.index import chain_hashes  # noqa: E402
-from radixkv.fleet.protocol import RouteRequest  # noqa: E402
+from radixkv.fleet.routing import RouteRequest  # noqa: E402
 from radixkv.fleet.sim import FLEET_HASHER, Replica, SimClock, build_router  # noqa: E402
 
 BLOCK_SIZE = 16

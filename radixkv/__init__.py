@@ -1,11 +1,12 @@
 """radixkv: radix-tree KV prefix caching for LLM serving.
 
 ``import radixkv`` loads the cache tier only (numpy, numba, sortedcontainers,
-xxhash, msgspec; tqdm for progress bars): the allocator, the prefix caches (and ``NullCache``, caching off) and
-their records. Trace replay (``radixkv.replay``) needs nothing more. The model
-and the engine (``radixkv.model``, ``radixkv.engine``) need torch: ``pip install
-'radixkv[engine]'``; ``radixkv sweep``'s plot needs ``radixkv[plot]``; README's
-install paragraph lists every extra.
+xxhash, msgspec; tqdm for progress bars): the allocator, the prefix caches (and
+``NullCache``, caching off) and their records. Trace replay (``radixkv.replay``)
+needs nothing more. The model and the engine (``radixkv.model``,
+``radixkv.engine``) need torch: ``pip install 'radixkv[engine]'``; ``radixkv
+sweep``'s plot needs ``radixkv[plot]``; README's install paragraph lists every
+extra.
 """
 
 from radixkv.cache import (

@@ -25,6 +25,7 @@ __all__ = [
     "check_int",
     "check_ints",
     "check_number",
+    "check_str",
     "describe_int",
     "describe_number",
     "is_int",
@@ -128,6 +129,18 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentTypeError(_message(name, "a bool", False, value))
     return bool(value)
+
+
+def check_str(name: str, value: object, *, optional: bool = False) -> str | None:
+    """``value`` if it is a ``str`` (``None`` too if ``optional``), else ``ArgumentTypeError``.
+
+    O(1).
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ArgumentTypeError(_message(name, "a str", optional, value))
+    return value
 
 
 def _message(name: str, what: str, optional: bool, value: object) -> str:

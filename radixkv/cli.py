@@ -3,7 +3,7 @@
 Each module named in ``_COMMAND_MODULES`` has ``register(subparsers)``, which adds its
 subcommands with ``set_defaults(func=...)``; ``func(args)`` returns the exit code.
 Modules are imported only when present, so the CLI stays light. Shared argument
-types and the one-line usage errors live in ``radixkv.replay.cli_types``.
+types and the one-line usage errors live in ``radixkv.cli_args``.
 
 Exit codes: 0 success, 2 bad usage or input (one line on stderr, as argparse),
 141 (128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe) when
@@ -19,7 +19,7 @@ import importlib.metadata
 import os
 import sys
 
-from radixkv.replay.cli_types import one_line_errors
+from radixkv.cli_args import one_line_errors
 
 __all__ = ["EXIT_BROKEN_PIPE", "build_parser", "main", "version"]
 

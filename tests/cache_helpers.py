@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.prefix_cache import PrefixCache
 
 
 def serve(alloc: BlockAllocator, cache: PrefixCache, tokens, ns=None) -> list[int]:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.events import ChainHasher
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.radix import RadixCache
-from radixkv.fleet.protocol import RouteRequest
+from radixkv.fleet.routing import RouteRequest
 
 BS = 4
 XX = ChainHasher("xxhash", seed=0)

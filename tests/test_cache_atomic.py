@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from radixkv.cache import BlockAllocator, HashBlockCache, NullCache, RadixCache
-from radixkv.cache.events import ChainHasher
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier, NullCopier
 
 try:

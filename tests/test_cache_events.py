@@ -18,13 +18,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixkv.cache import BlockAllocator, HashBlockCache, InvariantError, NullCache, RadixCache
-from radixkv.cache.events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    ChainHasher,
-    namespace_extra_keys,
-)
+from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from radixkv.cache.hashing import ChainHasher, namespace_extra_keys
 
 try:
     from radixkv.fleet.index import ExactIndex
@@ -434,7 +429,7 @@ def test_radix_and_hash_publish_the_same_hashes(recipe, bs):
 def test_namespace_keys_of_a_value_and_its_one_tuple_differ() -> None:
     """Regression: ``1`` and ``(1,)`` (or ``"a"`` and ``("a",)``) gave one key, so two
     namespaces published the same hashes and an index dropped one's blocks with the other's."""
-    from radixkv.cache.events import namespace_extra_keys
+    from radixkv.cache.hashing import namespace_extra_keys
 
     pairs = [(1, (1,)), ("a", ("a",)), (b"x", (b"x",)), (1, True), (1, 1.0)]
     for a, b in pairs:

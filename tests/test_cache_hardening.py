@@ -33,7 +33,7 @@ from radixkv.cache import (
     PrefixCache,
     RadixCache,
 )
-from radixkv.cache.protocol import check_namespace, namespace_key
+from radixkv.cache.prefix_cache import check_namespace, namespace_key
 
 Factory = Callable[[BlockAllocator], PrefixCache]
 

@@ -14,6 +14,7 @@ from radixkv.checks import (
     check_int,
     check_ints,
     check_number,
+    check_str,
     describe_int,
     describe_number,
     is_int,
@@ -96,6 +97,14 @@ def test_check_bool() -> None:
         check_bool("flag", 1)
 
 
+def test_check_str() -> None:
+    assert check_str("topic", "") == "" and check_str("endpoint", None, optional=True) is None
+    with pytest.raises(ArgumentTypeError, match=r"^topic must be a str, got b'x'$"):
+        check_str("topic", b"x")
+    with pytest.raises(TypeError, match=r"^endpoint must be a str or None, got 5$"):
+        check_str("endpoint", 5, optional=True)
+
+
 @given(st.one_of(st.integers(-50, 50), st.floats(allow_nan=True), st.booleans(), st.none()))
 def test_check_int_accepts_exactly_the_ints_in_range(value: object) -> None:
     ok = is_int(value) and 0 <= value <= 10  # type: ignore[operator]
@@ -111,3 +120,14 @@ def test_invariant_raises_even_under_python_o() -> None:
     with pytest.raises(InvariantError, match="broken") as info:
         invariant(0, "broken")
     assert isinstance(info.value, AssertionError)
+
+
+def test_invariant_error_is_one_class_on_every_public_path() -> None:
+    import radixkv
+    import radixkv.cache
+    import radixkv.cache.allocator
+    import radixkv.errors
+
+    assert radixkv.cache.allocator.InvariantError is radixkv.errors.InvariantError
+    assert radixkv.cache.InvariantError is radixkv.InvariantError is radixkv.errors.InvariantError
+    assert radixkv.cache.allocator.invariant is radixkv.errors.invariant

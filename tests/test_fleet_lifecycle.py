@@ -20,7 +20,7 @@ import pytest
 
 from radixkv.cache.events import BlockStored, KVCacheEvent
 from radixkv.fleet.index import chain_hashes
-from radixkv.fleet.protocol import ReplicaState, RouteRequest
+from radixkv.fleet.routing import ReplicaState, RouteRequest
 from radixkv.fleet.sim import (
     FLEET_HASHER,
     SERVICE_PROFILES,

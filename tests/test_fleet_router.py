@@ -15,10 +15,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, ChainHasher
+from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from radixkv.cache.hashing import ChainHasher
 from radixkv.fleet.index import chain_hashes
-from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
 from radixkv.fleet.router import ROUTERS, make_router
+from radixkv.fleet.routing import MemoryReporting, ReplicaState, Router, RouteRequest
 from radixkv.fleet.scoring import Backlog, TimeCostScoring
 from radixkv.fleet.service import ServiceModel
 
@@ -90,6 +91,20 @@ def test_every_policy_has_the_router_surface(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_policy_reports_its_memory(name: str) -> None:
+    router = make_router(name, block_size=BS)
+    assert isinstance(router, MemoryReporting)
+    fleet = Fleet(router, 2)
+    before = router.memory_bytes()
+    for k in range(4):
+        fleet.send(req(PROMPT[: 8 + 8 * k], k))
+    if name in ("approx", "exact"):  # the index's bytes, which grow with its entries
+        assert router.memory_bytes() == router.index.memory_bytes() > before
+    else:
+        assert router.memory_bytes() == before == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_requests_keep_succeeding_after_a_replica_is_dropped(name: str) -> None:
     fleet = Fleet(make_router(name, block_size=BS), 3)
     for k in range(6):
@@ -105,7 +120,7 @@ def test_make_router_names_what_is_wrong() -> None:
         make_router("nope", block_size=BS)
     with pytest.raises(TypeError, match="router 'pow2': .*unexpected keyword argument 'ttl'"):
         make_router("pow2", block_size=BS, ttl=3.0)
-    with pytest.raises(ValueError, match="block_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
         make_router("round_robin", block_size=0)
     with pytest.raises(ValueError, match="hasher must be a ChainHasher or None"):
         make_router("exact", block_size=BS, hasher="xxhash")
@@ -117,9 +132,9 @@ def test_make_router_names_what_is_wrong() -> None:
         make_router("approx", block_size=BS, externality="some")
     with pytest.raises(ValueError, match=r"load_factor must be a number >= 1 or None, got 0.9"):
         make_router("exact", block_size=BS, load_factor=0.9)
-    with pytest.raises(ValueError, match="min_gain_blocks must be an int >= 0, got -2"):
+    with pytest.raises(ValueError, match="min_gain_blocks must be a non-negative int, got -2"):
         make_router("exact", block_size=BS, min_gain_blocks=-2)
-    with pytest.raises(ValueError, match="tokens_per_block must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="tokens_per_block must be a positive int, got 0"):
         make_router("exact", block_size=BS, tokens_per_block=0)
     with pytest.raises(ValueError, match=r"service must be a ServiceModel or one of"):
         make_router("approx", block_size=BS, service="tpu")

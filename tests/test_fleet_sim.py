@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.cli import main
-from radixkv.fleet.protocol import ReplicaState, RouteRequest
 from radixkv.fleet.replica import Replica
 from radixkv.fleet.results import RunTally, SimResult, roll_up
+from radixkv.fleet.routing import ReplicaState, RouteRequest
 from radixkv.fleet.sim import (
     SERVICE_PROFILES,
     BatchConfig,
@@ -111,6 +111,19 @@ def test_round_robin_on_two_replicas_matches_hand_computed_hits() -> None:
     assert res.served == [2, 2]
     assert res.max_mean_load == 1.0
     check_clean(sim)
+
+
+def test_index_memory_is_the_routers_own_report_else_zero() -> None:
+    reqs = [req(i, 10.0 * i, [1, 2, i + 3]) for i in range(4)]
+    res = FleetSim(num_replicas=2, capacity_blocks=16, service=FAST).run(reqs, RoundRobin())
+    assert res.router == "rr" and res.index_memory_bytes == 0  # no memory_bytes(): 0
+
+    class Sized(RoundRobin):
+        def memory_bytes(self) -> int:
+            return 1234
+
+    res = FleetSim(num_replicas=2, capacity_blocks=16, service=FAST).run(reqs, Sized())
+    assert res.index_memory_bytes == 1234
 
 
 def test_the_tally_counts_regret_and_the_roll_up_derives_the_figures() -> None:
@@ -247,9 +260,9 @@ def test_batched_admits_at_most_max_num_seqs(seqs: int) -> None:
 def test_batch_config_and_profiles_name_bad_values() -> None:
     with pytest.raises(ValueError, match=r"token_budget must exceed max_num_seqs \(256\), got 256"):
         BatchConfig(token_budget=256)
-    with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_num_seqs must be a positive int, got 0"):
         BatchConfig(max_num_seqs=0)
-    with pytest.raises(ValueError, match="step_overhead must be a number >= 0"):
+    with pytest.raises(ValueError, match="step_overhead must be a non-negative number, got -1.0"):
         ServiceModel(step_overhead=-1.0)
     with pytest.raises(ValueError, match="batch must be a BatchConfig or None"):
         FleetSim(num_replicas=1, capacity_blocks=1, batch=2048)  # type: ignore[arg-type]
@@ -589,7 +602,7 @@ def test_group_sizes_split_a_total_evenly() -> None:
     assert [r.tokens.tolist() for r in same] == [r.tokens.tolist() for r in one]
     with pytest.raises(ValueError, match=r"prompts_per_group must have one count per group \(3\)"):
         grouped_prompts(3, [1, 2])
-    with pytest.raises(ValueError, match=r"prompts_per_group\[1\] must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"prompts_per_group\[1\] must be a positive int, got 0"):
         grouped_prompts(3, [1, 0, 2])
 
 

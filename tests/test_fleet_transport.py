@@ -24,6 +24,12 @@ DEADLINE_S = 3.0
 THREAD_NAME = "radixkv-event-publisher"
 
 
+def test_reset_is_the_wire_modules_record() -> None:
+    from radixkv.fleet import wire
+
+    assert Reset is wire.Reset  # re-exported here: transport emits it, consumers need no zmq
+
+
 def events(i: int) -> list[BlockRemoved]:
     """Batch ``i``'s events: distinct per batch, so a swapped or repeated batch shows."""
     return [BlockRemoved(block_hashes=[i], medium="GPU", group_idx=0)]
@@ -431,7 +437,7 @@ def test_port_zero_and_no_replay() -> None:
 
 
 def test_bad_arguments_are_named() -> None:
-    with pytest.raises(ValueError, match="buffer_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="buffer_size must be a positive int, got 0"):
         EventPublisher(buffer_size=0)
     with pytest.raises(TypeError, match="topic must be a str, got b'x'"):
         EventPublisher(topic=b"x")  # type: ignore[arg-type]
@@ -445,7 +451,7 @@ def test_bad_arguments_are_named() -> None:
         assert pub.next_seq == 0  # a rejected batch takes no seq
     with pytest.raises(ValueError, match="cannot connect endpoint='bogus://x'"):
         EventSubscriber("bogus://x")
-    with pytest.raises(ValueError, match="replay_timeout_ms must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="replay_timeout_ms must be a positive int, got 0"):
         EventSubscriber("tcp://127.0.0.1:1", replay_timeout_ms=0)
 
 

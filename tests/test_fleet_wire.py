@@ -16,14 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixkv.cache.events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    ChainHasher,
-    EventBatch,
-    EventLog,
-)
+from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventLog
+from radixkv.cache.hashing import ChainHasher
 from radixkv.fleet.wire import decode_batch, encode_batch
 
 HASH = 0x08F5C656CA3C3A75
@@ -233,13 +227,17 @@ def test_encode_checks_its_arguments() -> None:
         encode_batch([REMOVED, 3], ts=0.0)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="events must be a sequence"):
         encode_batch(REMOVED, ts=0.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="ts must be a float, got True"):
+    with pytest.raises(TypeError, match="ts must be a finite number, got True"):
         encode_batch([], ts=True)
-    with pytest.raises(ValueError, match="ts must be finite, got nan"):
+    with pytest.raises(ValueError, match="ts must be a finite number, got nan"):
         encode_batch([], ts=math.nan)
-    with pytest.raises(ValueError, match="data_parallel_rank must be >= 0, got -1"):
+    with pytest.raises(
+        ValueError, match="data_parallel_rank must be a non-negative int or None, got -1"
+    ):
         encode_batch([], ts=0.0, data_parallel_rank=-1)
-    with pytest.raises(TypeError, match="data_parallel_rank must be an int or None, got '0'"):
+    with pytest.raises(
+        TypeError, match="data_parallel_rank must be a non-negative int or None, got '0'"
+    ):
         encode_batch([], ts=0.0, data_parallel_rank="0")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cannot be encoded as msgpack"):
         encode_batch([BlockRemoved([2**64], None)], ts=0.0)

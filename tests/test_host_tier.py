@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from radixkv import BlockAllocator, RadixCache
-from radixkv.cache.events import BlockRemoved, BlockStored, ChainHasher
+from radixkv.cache.events import BlockRemoved, BlockStored
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier, NullCopier
 
 
@@ -66,6 +67,27 @@ def test_load_stops_at_the_first_node_the_pool_cannot_take():
     assert (m.num_tokens, m.host_num_tokens) == (2, 4)
     cache.check()
     dev.decref(m.blocks + held)
+
+
+def test_load_says_how_many_of_its_tokens_it_brought_back():
+    cache, dev, _ = tiered(num_device=4, num_host=16)
+    put(cache, dev, [1, 2, 3, 4])
+    put(cache, dev, [1, 2, 3, 4, 5, 6, 7, 8])
+    cache.evict(2)  # the leaf [5..8] goes to the host; [1..4] stays on the device
+    m = cache.match([1, 2, 3, 4, 5, 6, 7, 8])
+    assert (m.num_tokens, m.host_num_tokens, m.loaded_num_tokens) == (4, 4, 0)  # loads nothing
+    dev.decref(m.blocks)
+    m = cache.load([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert (m.num_tokens, m.host_num_tokens, m.loaded_num_tokens) == (8, 0, 4)
+    assert "loaded_num_tokens=4" in repr(m)
+    loaded = m.block_array[-(m.loaded_num_tokens // 2) :]
+    assert (dev.refcounts(loaded) == 2).all()  # the tree's and the caller's, as for the rest
+    dev.decref(m.blocks)
+    m = cache.load([1, 2, 3, 4, 5, 6])  # all on the device now: nothing to load
+    assert (m.num_tokens, m.loaded_num_tokens) == (6, 0)
+    dev.decref(m.blocks)
+    cache.check()
+    assert dev.num_free == 0 and (dev.refcounts(np.arange(4)) == 1).all()  # the tree's only
 
 
 def test_write_through_copies_after_k_hits_and_at_insert_for_zero():

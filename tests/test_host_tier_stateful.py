@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 
 from radixkv import BlockAllocator, RadixCache
 from radixkv.cache.host import HostTier
-from radixkv.cache.protocol import namespace_key
+from radixkv.cache.prefix_cache import namespace_key
 
 NAMESPACES = [None, "lora-a"]
 POISON = "poison"

@@ -192,12 +192,10 @@ def test_check_catches_a_reference_nobody_owns() -> None:
         kv.check()
 
 
-def test_the_engine_paths_still_name_the_cache_tiers_manager() -> None:
+def test_the_engine_package_still_names_the_cache_tiers_manager() -> None:
     import radixkv.engine
-    import radixkv.engine.kv_manager as old
 
     for name in ("CACHE_KINDS", "KVCacheManager", "make_cache"):
-        assert getattr(old, name) is globals()[name], name
         assert getattr(radixkv.engine, name) is globals()[name], name
 
 

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv import BlockAllocator, HashBlockCache, NullCache, RadixCache
-from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.prefix_cache import PrefixCache
 
 CACHES: dict[str, Callable[[BlockAllocator], PrefixCache]] = {
     "radix-level": lambda a: RadixCache(a, eviction="level"),

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from radixkv import BlockAllocator, NullCache
 from radixkv.cache.arrays import as_token_array, common_prefix_len
 from radixkv.cache.hashcache import HashBlockCache
-from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.prefix_cache import PrefixCache
 from radixkv.cache.radix import RadixCache
 
 Factory = Callable[[BlockAllocator], PrefixCache]
@@ -72,6 +72,43 @@ def test_satisfies_the_protocol(any_factory: Factory) -> None:
     alloc, cache = make(any_factory)
     assert isinstance(cache, PrefixCache)
     assert cache.allocator is alloc and cache.block_size == 2
+
+
+def test_events_are_on_the_surface_and_off_by_default(any_factory: Factory) -> None:
+    alloc, cache = make(any_factory)
+    assert cache.events_hasher is None
+    serve(alloc, cache, [1, 2, 3, 4])
+    assert cache.take_events() == [] and cache.take_events() == []
+
+
+def test_the_cache_package_names_the_protocol() -> None:
+    import radixkv.cache
+    import radixkv.cache.prefix_cache as new
+
+    assert radixkv.cache.PrefixCache is new.PrefixCache is PrefixCache
+
+
+def test_a_cache_without_the_event_surface_is_not_a_prefix_cache() -> None:
+    class NoEvents:  # every method of the protocol but the two event members
+        allocator = block_size = cached_blocks = evictable_blocks = stats = None
+
+        def match(self, tokens, namespace=None, *, stats=True): ...
+        def peek(self, tokens, namespace=None): ...
+        def insert(self, tokens, blocks, namespace=None): ...
+        def evict(self, num_blocks): ...
+        def reset(self): ...
+        def held_blocks(self): ...
+        def check(self): ...
+
+    assert not isinstance(NoEvents(), PrefixCache)
+
+    class WithEvents(NoEvents):
+        events_hasher = None
+
+        def take_events(self):
+            return []
+
+    assert isinstance(WithEvents(), PrefixCache)
 
 
 def test_empty_cache_matches_nothing(any_factory: Factory) -> None:

@@ -22,7 +22,7 @@ from replay_reference import (
 from trace_paths import FULL_TRACES, TRACES, needs_full_traces
 
 from radixkv.replay import FLAT_POLICIES, ReplayConfig, Trace, load_trace, replay
-from radixkv.replay import policies_fast as pf
+from radixkv.replay import flat_policies as pf
 from radixkv.replay.reference import (
     lfu_reference,
     orphan_reference,

@@ -102,15 +102,19 @@ def test_cost_model_defaults_and_errors():
     assert model.reload_s_per_token == DEFAULT_RELOAD_S_PER_TOKEN == 46080 / 6.4e9
     assert TierCostModel.from_bandwidth() == model
     assert 0 < model.ratio < 0.01
-    with pytest.raises(ValueError, match="prefill_s_per_token must be > 0, got 0"):
+    with pytest.raises(ValueError, match="prefill_s_per_token must be a positive number, got 0"):
         TierCostModel(prefill_s_per_token=0)
-    with pytest.raises(ValueError, match="reload_s_per_token must be >= 0, got -1"):
+    with pytest.raises(
+        ValueError, match="reload_s_per_token must be a non-negative number, got -1"
+    ):
         TierCostModel(reload_s_per_token=-1)
-    with pytest.raises(ValueError, match="reload_s_per_token must be a finite number"):
+    with pytest.raises(
+        ValueError, match="reload_s_per_token must be a non-negative number, got nan"
+    ):
         TierCostModel(reload_s_per_token=float("nan"))
-    with pytest.raises(ValueError, match="gbps must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="gbps must be a positive number, got 0"):
         TierCostModel.from_bandwidth(gbps=0)
-    with pytest.raises(ValueError, match="kv_bytes_per_token must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="kv_bytes_per_token must be a positive int, got 0"):
         TierCostModel.from_bandwidth(kv_bytes_per_token=0)
 
 
@@ -248,13 +252,13 @@ def test_bad_host_capacity_names_the_argument():
         "got host_capacity=4 with policy 'lru'",
     ):
         replay(requests, "lru", 8, host_capacity=4)
-    with pytest.raises(ValueError, match="host_capacity must be in \\[0, .*\\], got -1"):
+    with pytest.raises(ValueError, match="host_capacity must be an int in \\[0, .*\\], got -1"):
         replay(requests, "radix-lru", 8, host_capacity=-1)
-    with pytest.raises(TypeError, match="host_capacity must be an int, got float"):
+    with pytest.raises(TypeError, match="host_capacity must be an int in \\[0, .*\\], got 1.5"):
         replay(requests, "radix-lru", 8, host_capacity=1.5)
-    with pytest.raises(ValueError, match="host_capacity must be >= 0, got -2"):
+    with pytest.raises(ValueError, match="host_capacity must be a non-negative int, got -2"):
         RadixReplayer("radix-lru", 8, -2)
-    with pytest.raises(TypeError, match="host_capacity must be an int, got str"):
+    with pytest.raises(TypeError, match="host_capacity must be a non-negative int, got '4'"):
         RadixReplayer("radix-lru", 8, "4")
     assert replay(requests, "s3fifo", 20, host_capacity=0).host_block_hits == 0
 

@@ -10,20 +10,20 @@ tested in test_serve_fleet.py.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import textwrap
 from collections.abc import Hashable
 from typing import Any
 
 import pytest
+from routing_helpers import BS, XX, Clock, Failing, req, stored
 
-pytest.importorskip("zmq")  # the fleet extra: a Reset is the event transport's record
-
-from routing_helpers import BS, XX, Clock, Failing, req, stored  # noqa: E402
-
-from radixkv.cache.allocator import InvariantError  # noqa: E402
-from radixkv.fleet.index import chain_hashes  # noqa: E402
-from radixkv.fleet.router import make_router  # noqa: E402
-from radixkv.fleet.routing_state import NO_INDEX_VIEW, RoutingState, index_view  # noqa: E402
-from radixkv.fleet.transport import Reset  # noqa: E402
+from radixkv.errors import InvariantError
+from radixkv.fleet.index import chain_hashes
+from radixkv.fleet.router import make_router
+from radixkv.fleet.routing_state import NO_INDEX_VIEW, RoutingState, index_view
+from radixkv.fleet.wire import Reset
 
 
 def state(policy: str = "least_loaded", **kwargs: Any) -> RoutingState:
@@ -310,3 +310,35 @@ def test_a_given_index_view_is_what_the_snapshot_shows() -> None:
     s = RoutingState(make_router("exact", block_size=BS, hasher=XX), index=Shown())
     s.add_replica("a", 8)
     assert s.snapshot()["a"]["shown"] == "a" and "blocks" not in s.snapshot()["a"]
+
+
+def test_routing_state_needs_no_pyzmq() -> None:
+    """A Reset is a wire record (``radixkv.fleet.wire``), so the routing state imports and
+    routes where pyzmq is missing (a front that gets its events another way)."""
+    code = textwrap.dedent(
+        """
+        import importlib.abc, sys
+
+        class Blocked(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "zmq":
+                    raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+                return None
+
+        sys.meta_path.insert(0, Blocked())
+        import numpy as np
+        from radixkv.fleet.router import make_router
+        from radixkv.fleet.routing import RouteRequest
+        from radixkv.fleet.routing_state import RoutingState
+        from radixkv.fleet.wire import Reset
+
+        s = RoutingState(make_router("exact", block_size=4))
+        s.add_replica("a")
+        s.apply("a", Reset("lost", 3, 1))
+        assert s.decide("k", RouteRequest("r", np.arange(8, dtype=np.int32)), ["a"]) == "a"
+        assert not any(m.split(".")[0] == "zmq" for m in sys.modules)
+        print("OK")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.endswith("OK\n"), proc.stdout + proc.stderr

@@ -1,8 +1,9 @@
 """The cache tier: refcounted blocks and the prefix caches over them (numpy and numba; never torch).
 
 - :mod:`~radixkv.cache.allocator`: ``BlockAllocator``, the refcounted block pool
-  (one cache per pool), and ``InvariantError``, what every ``check()`` raises;
-- :mod:`~radixkv.cache.protocol`: ``PrefixCache``, the surface every cache offers;
+  (one cache per pool); ``InvariantError``, what every ``check()`` raises, is
+  :mod:`radixkv.errors`'s (re-exported here and from the allocator);
+- :mod:`~radixkv.cache.prefix_cache`: ``PrefixCache``, the surface every cache offers;
 - :mod:`~radixkv.cache.radix`: ``RadixCache``, the radix tree, with its eviction
   orders in :mod:`~radixkv.cache.eviction`, its host tier in
   :mod:`~radixkv.cache.host_copies` and its events in :mod:`~radixkv.cache.tree_events`;
@@ -18,13 +19,14 @@
 - :mod:`~radixkv.cache.kernels`: the numba loops on the hot paths.
 """
 
-from radixkv.cache.allocator import BlockAllocator, InvariantError, OutOfBlocks
+from radixkv.cache.allocator import BlockAllocator, OutOfBlocks
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.manager import CACHE_KINDS, Admission, KVCacheManager, make_cache
 from radixkv.cache.null import NullCache
-from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.prefix_cache import PrefixCache
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats, MatchResult
+from radixkv.errors import InvariantError
 
 __all__ = [
     "CACHE_KINDS",

@@ -28,6 +28,8 @@ import numpy as np
 
 from radixkv.cache import kernels
 from radixkv.cache.arrays import BLOCK_DTYPE, BlockSeq, as_block_array
+from radixkv.checks import check_int
+from radixkv.errors import InvariantError, invariant  # re-exported: the public path of old
 
 __all__ = ["BlockAllocator", "InvariantError", "OutOfBlocks", "invariant"]
 
@@ -42,21 +44,6 @@ class OutOfBlocks(RuntimeError):
         super().__init__(f"cannot allocate {requested} blocks: only {num_free} free")
         self.requested = requested
         self.num_free = num_free
-
-
-class InvariantError(AssertionError):
-    """Raised by ``check()`` when a structure breaks an invariant; the message names which.
-
-    A subclass of ``AssertionError`` so that code catching what ``check()``
-    used to raise keeps working, but raised explicitly: ``python -O`` does not
-    turn it off.
-    """
-
-
-def invariant(ok: object, message: str) -> None:
-    """Raise ``InvariantError(message)`` unless ``ok`` is true (``check()``'s ``assert``)."""
-    if not ok:
-        raise InvariantError(message)
 
 
 class BlockAllocator:
@@ -83,8 +70,8 @@ class BlockAllocator:
     __slots__ = ("_block_size", "_num_blocks", "_refcount", "_free", "_num_free", "_mark", "_cache")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        _check_positive_int("num_blocks", num_blocks)
-        _check_positive_int("block_size", block_size)
+        check_int("num_blocks", num_blocks, low=1)
+        check_int("block_size", block_size, low=1)
         if num_blocks > np.iinfo(BLOCK_DTYPE).max:
             raise ValueError(f"num_blocks must fit in int32, got {num_blocks}")
         self._block_size = int(block_size)
@@ -125,10 +112,8 @@ class BlockAllocator:
 
     def alloc_array(self, n: int) -> np.ndarray:
         """``alloc`` returning an int32 numpy array instead of a list."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        if type(n) is not int or n < 0:  # the admit path's common case costs no call
+            n = check_int("n", n, low=0)
         if n > self._num_free:
             raise OutOfBlocks(int(n), self._num_free)
         top = self._num_free
@@ -188,8 +173,7 @@ class BlockAllocator:
 
     def refcount(self, block: int) -> int:
         """Current refcount of ``block`` (0 when free). ``ValueError`` if out of range."""
-        if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
-            raise TypeError(f"block must be an int, got {type(block).__name__}")
+        check_int("block", block)
         if not 0 <= block < self._num_blocks:
             raise ValueError(f"block {block} out of range [0, {self._num_blocks})")
         return int(self._refcount[block])
@@ -335,10 +319,3 @@ class BlockAllocator:
         idx = np.arange(arr.size, dtype=np.int64)
         mark[arr] = idx
         return bool((mark[arr] != idx).any())
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")

@@ -15,12 +15,11 @@ indexer, Dynamo's router) read a radixkv replica. They live beside the caches,
 not in ``radixkv.fleet``, because the caches emit them and the cache tier
 imports nothing above it.
 
-Block hashes (:class:`ChainHasher`, ``"sha256_cbor"`` or ``"xxhash"``) are
+Block hashes (:class:`~radixkv.cache.hashing.ChainHasher`, ``"sha256_cbor"`` or ``"xxhash"``) are
 chained, so a block's hash names its whole prefix, and reproducible across
 processes for a given seed; the namespace enters the first block's extra keys
-(:func:`namespace_extra_keys`). Every recipe lives in :mod:`radixkv.cache.hashing`;
-``ChainHasher``, ``CHAIN_HASHES`` and ``namespace_extra_keys`` are importable
-from here too.
+(:func:`~radixkv.cache.hashing.namespace_extra_keys`). Every recipe lives in
+:mod:`radixkv.cache.hashing`.
 
 ``HashBlockCache`` records through an :class:`EventLog`; with events off it
 holds :data:`NO_EVENTS`, a :class:`NullEventLog` that records nothing, so its
@@ -36,21 +35,18 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from radixkv.cache.hashing import CHAIN_HASHES, ChainHasher, Digest, namespace_extra_keys
+from radixkv.cache.hashing import ChainHasher, Digest
 
 __all__ = [
-    "CHAIN_HASHES",
     "AllBlocksCleared",
     "AnyEvent",
     "BlockRemoved",
     "BlockStored",
-    "ChainHasher",
     "EventBatch",
     "EventLog",
     "KVCacheEvent",
     "NO_EVENTS",
     "NullEventLog",
-    "namespace_extra_keys",
 ]
 
 MEDIUM = "GPU"  # vLLM's name for the device tier, whatever the device

@@ -55,7 +55,8 @@ from dataclasses import dataclass
 from math import log2
 from typing import TYPE_CHECKING, Protocol
 
-from radixkv.cache.allocator import invariant
+from radixkv.checks import check_int, check_number
+from radixkv.errors import invariant
 
 if TYPE_CHECKING:
     from radixkv.cache.node import Node
@@ -220,9 +221,8 @@ class LrfuOrder(EvictionOrder):
     name = "lrfu"
 
     def __init__(self, boost: int = 200, max_hits: int = 3) -> None:
-        _check_ints(boost=boost, max_hits=max_hits)
-        self.boost = boost
-        self.max_hits = max_hits
+        self.boost = check_int("boost", boost, low=0)
+        self.max_hits = check_int("max_hits", max_hits, low=0)
 
     def key(self, node: LeafView) -> tuple[int, ...]:
         hits, last = node.hits, node.last_access
@@ -248,9 +248,8 @@ class DeepOrder(EvictionOrder):
     name = "deep"
 
     def __init__(self, depth_credit: int = 100, span_weight: int = 2) -> None:
-        _check_ints(depth_credit=depth_credit, span_weight=span_weight)
-        self.depth_credit = depth_credit
-        self.span_weight = span_weight
+        self.depth_credit = check_int("depth_credit", depth_credit, low=0)
+        self.span_weight = check_int("span_weight", span_weight, low=0)
 
     def key(self, node: LeafView) -> tuple[int, ...]:
         last = node.last_access
@@ -277,12 +276,10 @@ class Readmission:
     protect_ratio: float = 0.75
 
     def __post_init__(self) -> None:
-        for name in ("ghost_ratio", "protect_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        if self.protect_ratio > 1:
-            raise ValueError(f"protect_ratio must be <= 1, got {self.protect_ratio!r}")
+        check_number("ghost_ratio", self.ghost_ratio, low=0)
+        ratio = self.protect_ratio
+        if not 0 <= check_number("protect_ratio", ratio) <= 1:
+            raise ValueError(f"protect_ratio must be a number in [0, 1], got {ratio!r}")
 
 
 class GhostOrder(EvictionOrder):
@@ -311,7 +308,9 @@ class GhostOrder(EvictionOrder):
         bonus: int = 1500,
         readmission: Readmission | None = None,
     ) -> None:
-        _check_ints(boost=boost, max_hits=max_hits, bonus=bonus)
+        check_int("boost", boost, low=0)
+        check_int("max_hits", max_hits, low=0)
+        check_int("bonus", bonus, low=0)
         if readmission is None:
             readmission = Readmission()
         if not isinstance(readmission, Readmission):
@@ -413,13 +412,6 @@ class GhostOrder(EvictionOrder):
             sum(self._ghost.values()) == self._ghost_blocks <= self._ghost_cap,
             "the ghost's block count is off or past its bound",
         )
-
-
-def _check_ints(**args: object) -> None:
-    """``ValueError`` naming the first argument that is not an int >= 0 (bools refused)."""
-    for arg, value in args.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
 
 
 EVICTION_ORDERS: dict[str, type[EvictionOrder]] = {

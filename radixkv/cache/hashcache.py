@@ -72,7 +72,7 @@ from itertools import islice
 
 import numpy as np
 
-from radixkv.cache.allocator import BlockAllocator, invariant
+from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TOKEN_DTYPE, BlockSeq, TokenSeq, as_token_array
 from radixkv.cache.events import NO_EVENTS, EventLog, KVCacheEvent, NullEventLog
 from radixkv.cache.hashing import (
@@ -83,7 +83,7 @@ from radixkv.cache.hashing import (
     NameFn,
     namespace_extra_keys,
 )
-from radixkv.cache.protocol import (
+from radixkv.cache.prefix_cache import (
     check_insert_blocks,
     check_num_blocks,
     held_array,
@@ -91,6 +91,7 @@ from radixkv.cache.protocol import (
     release_held,
 )
 from radixkv.cache.results import CacheStats, MatchResult
+from radixkv.errors import invariant
 
 __all__ = ["HashBlockCache"]
 
@@ -117,7 +118,7 @@ class HashBlockCache:
     """Block-level prefix cache over a ``BlockAllocator`` keyed by chained block hashes.
 
     Same public surface and ownership rules as ``RadixCache``
-    (``radixkv.cache.protocol.PrefixCache``). ``hash_fn`` is ``"sha256"``,
+    (``radixkv.cache.prefix_cache.PrefixCache``). ``hash_fn`` is ``"sha256"``,
     ``"xxhash"``, ``"builtin"`` or a callable ``f(parent, block_bytes, extra)``;
     ``hash_seed`` (str, bytes or int) fixes the root name so names are stable
     across processes (sha256 / xxhash); None draws a random root. ``events``:

@@ -50,6 +50,9 @@ from typing import Any, Protocol
 import numpy as np
 import xxhash
 
+from radixkv.checks import check_int, is_int
+from radixkv.errors import ArgumentTypeError
+
 __all__ = [
     "CHAIN_HASHES",
     "HASH_FNS",
@@ -88,6 +91,7 @@ def namespace_extra_keys(namespace: Hashable) -> tuple[Any, ...] | None:
     """
     if namespace is None:
         return None
+    # Not checks.is_int: a numpy int keeps the repr encoding below (the hashes must not change).
     if isinstance(namespace, (str, bytes, int)) and not isinstance(namespace, bool):
         return (namespace,)
     if isinstance(namespace, tuple) and all(
@@ -188,8 +192,10 @@ class ChainHasher:
     def __init__(self, name: str = "xxhash", seed: str | int = 0) -> None:
         if name not in CHAIN_HASHES:
             raise ValueError(f"name must be one of {CHAIN_HASHES}, got {name!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (str, int)):
-            raise ValueError(f"seed must be a str or an int, got {seed!r}")
+        if not isinstance(seed, str):
+            if not is_int(seed):
+                raise ArgumentTypeError(f"seed must be a str or an int, got {seed!r}")
+            seed = int(seed)  # a numpy int's repr would change the root
         self.name = name
         self.seed = seed
         self._cbor = None
@@ -330,8 +336,8 @@ def chain_hashes(
     ``tests/test_fleet_index.py`` pins the equality). ``ValueError`` naming
     ``block_size`` or ``tokens`` unless a positive int / 1-D. Complexity: O(len(tokens)).
     """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if type(block_size) is not int or block_size < 1:  # a router's per-request path: no call
+        block_size = check_int("block_size", block_size, low=1)
     arr = np.ascontiguousarray(tokens, dtype=np.int32)
     if arr.ndim != 1:
         raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
@@ -375,9 +381,9 @@ def _seed_bytes(hash_seed: str | bytes | int | None) -> bytes:
         return hash_seed
     if isinstance(hash_seed, str):
         return b"s" + hash_seed.encode()
-    if isinstance(hash_seed, int) and not isinstance(hash_seed, bool):
-        return b"i" + str(hash_seed).encode()
-    raise TypeError(f"hash_seed must be str, bytes, int or None, got {type(hash_seed).__name__}")
+    if is_int(hash_seed):
+        return b"i" + str(int(hash_seed)).encode()
+    raise ArgumentTypeError(f"hash_seed must be a str, bytes, an int or None, got {hash_seed!r}")
 
 
 class BlockHasher:

@@ -40,6 +40,7 @@ import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.eviction import EVICTION_ORDERS
+from radixkv.checks import check_int
 
 __all__ = ["WRITE_POLICIES", "BlockCopier", "HostTier", "NullCopier"]
 
@@ -128,9 +129,7 @@ class HostTier:
             raise ValueError(
                 f"write_policy must be one of {WRITE_POLICIES}, got {self.write_policy!r}"
             )
-        hits = self.write_through_hits
-        if isinstance(hits, bool) or not isinstance(hits, int) or hits < 0:
-            raise ValueError(f"write_through_hits must be an int >= 0, got {hits!r}")
+        check_int("write_through_hits", self.write_through_hits, low=0)
         if self.eviction not in EVICTION_ORDERS:
             raise ValueError(
                 f"eviction must be one of {', '.join(EVICTION_ORDERS)}, got {self.eviction!r}"

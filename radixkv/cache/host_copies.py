@@ -24,14 +24,15 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from radixkv.cache import kernels
-from radixkv.cache.allocator import BlockAllocator, invariant
+from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.events import HOST_MEDIUM
 from radixkv.cache.eviction import make_eviction_order
 from radixkv.cache.host import HostTier
 from radixkv.cache.node import EMPTY_BLOCKS, ID_BYTES, NO_CHILDREN, TOKEN_BYTES, Node
-from radixkv.cache.protocol import release_held
+from radixkv.cache.prefix_cache import release_held
 from radixkv.cache.results import CacheStats
 from radixkv.cache.tree_events import NoTreeEvents, TreeEvents
+from radixkv.errors import invariant
 
 __all__ = ["NO_HOST_COPIES", "HostCopies", "NoHostCopies", "check_host_tier"]
 

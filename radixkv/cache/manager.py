@@ -49,15 +49,16 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from radixkv.cache.allocator import BlockAllocator, InvariantError
+from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq, as_token_array
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
 from radixkv.cache.null import NullCache
-from radixkv.cache.protocol import PrefixCache, check_namespace, check_num_blocks
+from radixkv.cache.prefix_cache import PrefixCache, check_namespace, check_num_blocks
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import MatchResult
+from radixkv.errors import InvariantError
 
 __all__ = ["CACHE_KINDS", "Admission", "KVCacheManager", "make_cache"]
 
@@ -111,21 +112,18 @@ class _DeviceLookup:
 class _HostLookup:
     """A ``RadixCache`` with a host tier: ``load`` brings the host-only part of the prefix back.
 
-    The blocks it loaded are those of the result past the device prefix, which
-    ``peek`` (no side effect) measures just before.
+    The blocks it loaded are the last of the result (``MatchResult.loaded_num_tokens``).
     """
 
-    __slots__ = ("_block_size", "_peek", "find")
+    __slots__ = ("_block_size", "find")
 
     def __init__(self, cache: RadixCache) -> None:
         self.find = cache.load
-        self._peek = cache.peek
         self._block_size = cache.block_size
 
     def find_loaded(self, tokens: TokenSeq, namespace: Hashable) -> tuple[MatchResult, int]:
-        num_device = self._peek(tokens, namespace) // self._block_size
         m = self.find(tokens, namespace)
-        return m, len(m.block_array) - num_device
+        return m, m.loaded_num_tokens // self._block_size
 
 
 def _lookup_for(cache: PrefixCache) -> _Lookup:
@@ -349,7 +347,7 @@ class KVCacheManager:
         to be released). The partial last block of ``tokens`` is never cached.
         ``TypeError`` / ``ValueError`` for bad tokens or namespace, as the cache's
         ``match``, before any change. Complexity: the cache's ``match`` (or
-        ``load`` and a ``peek``), ``evict`` and ``insert``.
+        ``load``), ``evict`` and ``insert``.
         """
         m, num_loaded = self._lookup.find_loaded(tokens, namespace)  # validates tokens first
         hit = m.block_array

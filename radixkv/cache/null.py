@@ -18,7 +18,7 @@ from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import BlockSeq, TokenSeq, as_token_array
 from radixkv.cache.events import KVCacheEvent
 from radixkv.cache.hashing import ChainHasher
-from radixkv.cache.protocol import check_insert_blocks, check_namespace, check_num_blocks
+from radixkv.cache.prefix_cache import check_insert_blocks, check_namespace, check_num_blocks
 from radixkv.cache.results import CacheStats, MatchResult
 
 __all__ = ["NullCache"]

@@ -54,7 +54,7 @@ import numpy as np
 from sortedcontainers import SortedList
 
 from radixkv.cache import kernels
-from radixkv.cache.allocator import BlockAllocator, invariant
+from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import (
     BlockSeq,
     TokenSeq,
@@ -73,9 +73,11 @@ from radixkv.cache.node import NO_CHILDREN as _NO_CHILDREN
 from radixkv.cache.node import TOKEN_BYTES as _TOKEN_BYTES
 from radixkv.cache.node import Node as _Node
 from radixkv.cache.node import Root as _Root
-from radixkv.cache.protocol import check_num_blocks, held_array, namespace_key, release_held
+from radixkv.cache.prefix_cache import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
 from radixkv.cache.tree_events import NO_TREE_EVENTS, NoTreeEvents, TreeEvents
+from radixkv.checks import check_int
+from radixkv.errors import invariant
 
 __all__ = ["CacheStats", "MatchResult", "RadixCache"]
 
@@ -134,15 +136,10 @@ class RadixCache:
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
         if max_pinned_blocks is None:
             max_pinned_blocks = allocator.num_blocks // 2
-        if (
-            isinstance(max_pinned_blocks, bool)
-            or not isinstance(max_pinned_blocks, int)
-            or not 0 <= max_pinned_blocks < allocator.num_blocks
-        ):
-            raise ValueError(
-                f"max_pinned_blocks must be an int in [0, {allocator.num_blocks}) (below the "
-                f"pool, so pins never exhaust it), got {max_pinned_blocks!r}"
-            )
+        # below the pool, so pins never exhaust it
+        max_pinned_blocks = check_int(
+            "max_pinned_blocks", max_pinned_blocks, low=0, high=allocator.num_blocks - 1
+        )
         if events is not None and not isinstance(events, ChainHasher):
             raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
         check_host_tier(host, allocator)
@@ -469,9 +466,8 @@ class RadixCache:
         """
         arr = as_token_array(tokens)
         ns_key, root = self._lookup_root(namespace)
-        if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
-            raise TypeError(f"priority must be an int, got {priority!r}")
-        priority = int(priority)
+        if type(priority) is not int:  # the insert path's common case costs no call
+            priority = check_int("priority", priority)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
         blk = as_block_array(blocks)
@@ -813,8 +809,9 @@ class RadixCache:
         and the node becomes device-resident again with its host copy kept. The
         load stops at the first node the pool cannot take. The caller gets one
         reference on every returned block, as from ``match``; ``host_num_tokens``
-        is what is still on the host alone. Counts ``loaded_blocks``; with events
-        on, records a ``BlockStored`` (medium ``"GPU"``) per loaded node.
+        is what is still on the host alone, ``loaded_num_tokens`` what was loaded
+        (the last blocks of the result). Counts ``loaded_blocks``; with events on,
+        records a ``BlockStored`` (medium ``"GPU"``) per loaded node.
 
         Raises as ``match``, before any change. If the copier (or an eviction's
         backup) raises, the caller gets no reference: the nodes loaded before
@@ -863,7 +860,7 @@ class RadixCache:
             self._stats.loaded_blocks += loaded
         moved = loaded * self._bs
         blocks = np.concatenate(parts) if loaded else m.block_array
-        return MatchResult(blocks, m.num_tokens + moved, m.host_num_tokens - moved)
+        return MatchResult(blocks, m.num_tokens + moved, m.host_num_tokens - moved, moved)
 
     def evict_host(self, num_blocks: int) -> int:
         """Free at least ``num_blocks`` host blocks if that many can go, else all it can.

@@ -17,15 +17,24 @@ class MatchResult:
     reference on each block belongs to whoever received this result.
     ``num_tokens == len(blocks) * block_size``. ``host_num_tokens`` is what a
     cache with a host tier holds past those, in host memory only (0 otherwise):
-    ``RadixCache.load`` brings it back to the device.
+    ``RadixCache.load`` brings it back to the device. ``loaded_num_tokens`` is
+    the part of ``num_tokens`` that ``load`` did bring back (the last
+    ``loaded_num_tokens // block_size`` blocks); 0 from ``match``.
     """
 
-    __slots__ = ("block_array", "num_tokens", "host_num_tokens", "_blocks")
+    __slots__ = ("block_array", "num_tokens", "host_num_tokens", "loaded_num_tokens", "_blocks")
 
-    def __init__(self, block_array: np.ndarray, num_tokens: int, host_num_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        block_array: np.ndarray,
+        num_tokens: int,
+        host_num_tokens: int = 0,
+        loaded_num_tokens: int = 0,
+    ) -> None:
         self.block_array = block_array
         self.num_tokens = num_tokens
         self.host_num_tokens = host_num_tokens
+        self.loaded_num_tokens = loaded_num_tokens
         self._blocks: list[int] | None = None
 
     @property
@@ -36,6 +45,8 @@ class MatchResult:
 
     def __repr__(self) -> str:
         host = f", host_num_tokens={self.host_num_tokens}" if self.host_num_tokens else ""
+        if self.loaded_num_tokens:
+            host += f", loaded_num_tokens={self.loaded_num_tokens}"
         return f"MatchResult(blocks={self.blocks!r}, num_tokens={self.num_tokens}{host})"
 
     def __eq__(self, other: object) -> bool:
@@ -44,6 +55,7 @@ class MatchResult:
         return (
             self.num_tokens == other.num_tokens
             and self.host_num_tokens == other.host_num_tokens
+            and self.loaded_num_tokens == other.loaded_num_tokens
             and self.blocks == other.blocks
         )
 

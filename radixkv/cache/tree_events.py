@@ -21,10 +21,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from radixkv.cache.allocator import invariant
 from radixkv.cache.events import MEDIUM, EventLog, KVCacheEvent
 from radixkv.cache.hashing import ChainHasher, Digest, namespace_extra_keys
 from radixkv.cache.node import Node, Root
+from radixkv.errors import invariant
 
 __all__ = ["NO_TREE_EVENTS", "LeafChain", "NoTreeEvents", "TreeEvents"]
 

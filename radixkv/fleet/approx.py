@@ -16,18 +16,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-import numpy as np
-
-from radixkv.cache.allocator import invariant
-from radixkv.fleet.index_base import (
-    Clock,
-    _check_count,
-    _check_optional_count,
-    _check_positive,
-    _Clocked,
-    _held,
-    _sizeof,
-)
+from radixkv.checks import check_int, check_number
+from radixkv.errors import invariant
+from radixkv.fleet.index_base import Clock, _Clocked, _held, _sizeof
 
 __all__ = ["ApproxIndex"]
 
@@ -72,10 +63,12 @@ class ApproxIndex(_Clocked):
         clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(clock)
-        self.ttl = math.inf if ttl is None else _check_positive("ttl", ttl)
-        self.max_entries = _check_count("max_entries", max_entries)
-        self.default_capacity_blocks = _check_optional_count(
-            "default_capacity_blocks", default_capacity_blocks
+        self.ttl = (
+            math.inf if ttl is None else check_number("ttl", ttl, low=0, strict=True, finite=False)
+        )
+        self.max_entries = check_int("max_entries", max_entries, low=1)
+        self.default_capacity_blocks = check_int(
+            "default_capacity_blocks", default_capacity_blocks, low=1, optional=True
         )
         self._lru: dict[Hashable, OrderedDict[int, float]] = {}
         self._capacity: dict[Hashable, int] = {}
@@ -108,13 +101,9 @@ class ApproxIndex(_Clocked):
         """
         if self._capacity.get(replica_id) == capacity_blocks:
             return
-        if (
-            isinstance(capacity_blocks, bool)
-            or not isinstance(capacity_blocks, (int, np.integer))
-            or capacity_blocks < 0
-        ):
-            raise ValueError(f"capacity_blocks must be a non-negative int, got {capacity_blocks!r}")
-        self._capacity[replica_id] = int(capacity_blocks)
+        if type(capacity_blocks) is not int or capacity_blocks < 0:  # per decision: no call
+            capacity_blocks = check_int("capacity_blocks", capacity_blocks, low=0)
+        self._capacity[replica_id] = capacity_blocks
         lru = self._lru.get(replica_id)
         cap = self.capacity(replica_id)
         if lru is not None and cap is not None and len(lru) > cap:

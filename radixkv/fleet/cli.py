@@ -18,6 +18,13 @@ import json
 import math
 import os
 
+from radixkv.cli_args import (
+    fail,
+    int_in,
+    one_line_errors,
+    output_problem,
+    positive_int,
+)
 from radixkv.fleet.sim import (
     SERVICE_PROFILES,
     BatchConfig,
@@ -34,13 +41,6 @@ from radixkv.fleet.workloads import (
     group_sizes,
     grouped_prompts,
     hot_prompt,
-)
-from radixkv.replay.cli_types import (
-    fail,
-    int_in,
-    one_line_errors,
-    output_problem,
-    positive_int,
 )
 from radixkv.replay.trace import TraceError, load_trace
 

@@ -19,7 +19,9 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 
 from radixkv.cache.events import KVCacheEvent
-from radixkv.fleet.transport import EventSubscriber, Reset
+from radixkv.checks import check_number
+from radixkv.fleet.transport import EventSubscriber
+from radixkv.fleet.wire import Reset
 
 __all__ = ["EventFeed", "FeedItem"]
 
@@ -50,11 +52,9 @@ class EventFeed:
         poll_interval_s: float = 0.005,
         subscriber_factory: SubscriberFactory = EventSubscriber,
     ) -> None:
-        if isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, (int, float)):
-            raise ValueError(f"poll_interval_s must be a positive number, got {poll_interval_s!r}")
-        if not poll_interval_s > 0:
-            raise ValueError(f"poll_interval_s must be a positive number, got {poll_interval_s!r}")
-        self.poll_interval_s = float(poll_interval_s)
+        self.poll_interval_s = check_number(
+            "poll_interval_s", poll_interval_s, low=0, strict=True, finite=False
+        )
         self._factory = subscriber_factory
         self._commands: queue.SimpleQueue[tuple[str, Hashable, str, str | None]] = (
             queue.SimpleQueue()

@@ -17,9 +17,6 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from radixkv.cache.allocator import invariant
 from radixkv.cache.events import (
     HOST_MEDIUM,
     AllBlocksCleared,
@@ -27,13 +24,9 @@ from radixkv.cache.events import (
     BlockStored,
     KVCacheEvent,
 )
-from radixkv.fleet.index_base import (
-    Clock,
-    _check_optional_count,
-    _check_positive,
-    _Clocked,
-    _sizeof,
-)
+from radixkv.checks import check_int, check_number
+from radixkv.errors import invariant
+from radixkv.fleet.index_base import Clock, _Clocked, _sizeof
 
 __all__ = ["ExactIndex"]
 
@@ -116,9 +109,13 @@ class ExactIndex(_Clocked):
         clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(clock)
-        self.spec_ttl = None if spec_ttl is None else _check_positive("spec_ttl", spec_ttl)
-        self.spec_ttl_factor = _check_positive("spec_ttl_factor", spec_ttl_factor)
-        self.block_size = _check_optional_count("block_size", block_size)
+        self.spec_ttl = check_number(
+            "spec_ttl", spec_ttl, low=0, strict=True, finite=False, optional=True
+        )
+        self.spec_ttl_factor = check_number(
+            "spec_ttl_factor", spec_ttl_factor, low=0, strict=True, finite=False
+        )
+        self.block_size = check_int("block_size", block_size, low=1, optional=True)
         self._table: dict[int, int] = {}
         self._slot: dict[Hashable, int] = {}
         self._ids: list[Hashable] = []  # replica id by slot, _FREE where unused
@@ -278,9 +275,9 @@ class ExactIndex(_Clocked):
         """``replica_id``'s pool in blocks (0: unknown, no bound), for :meth:`match`'s bound on
         claims. ``ValueError`` naming ``capacity_blocks`` unless a non-negative int. O(1)."""
         c = capacity_blocks
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
-            raise ValueError(f"capacity_blocks must be a non-negative int, got {c!r}")
-        self._capacity[replica_id] = int(c)
+        if type(c) is not int or c < 0:  # per decision: the common case costs no call
+            c = check_int("capacity_blocks", c, low=0)
+        self._capacity[replica_id] = c
 
     def release(self, replica_id: Hashable, owner: Hashable, now: float | None = None) -> int:
         """Request ``owner`` on ``replica_id`` finished or was aborted: its oldest ticket there

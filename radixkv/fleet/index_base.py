@@ -1,5 +1,5 @@
-"""What both prefix indexes share: an injectable clock, argument checks, the prefix
-lookup over a prefix-closed set, and memory accounting (internal to radixkv.fleet)."""
+"""What both prefix indexes share: an injectable clock, the prefix lookup over a
+prefix-closed set, and memory accounting (internal to radixkv.fleet)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,9 @@ import math
 import sys
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-import numpy as np
-
 __all__ = ["Clock"]
 
 Clock = Callable[[], float]
-
-
-def _check_positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _check_optional_count(name: str, value: object) -> int | None:
-    return None if value is None else _check_count(name, value)
 
 
 def _held(held: Collection[int], hashes: Sequence[int]) -> int:

@@ -42,7 +42,7 @@ from radixkv.cache.events import KVCacheEvent
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.manager import KVCacheManager
 from radixkv.cache.radix import RadixCache
-from radixkv.fleet.protocol import ReplicaState
+from radixkv.fleet.routing import ReplicaState
 from radixkv.fleet.service import BatchConfig, ServiceModel
 
 __all__ = [

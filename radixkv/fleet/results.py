@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from radixkv.fleet.protocol import Router
 from radixkv.fleet.replica import Replica
+from radixkv.fleet.routing import MemoryReporting, Router
 
 __all__ = ["RunTally", "SimResult", "roll_up"]
 
@@ -38,7 +38,7 @@ class SimResult:
       request ``lost`` = best replica's cached overlap - the chosen one's and
       ``novel`` = prompt blocks - best overlap, both at decision time (``peek``);
     - ``decision_us_p50`` / ``_p99``: measured wall time of ``choose``, microseconds;
-    - ``index_memory_bytes``: the router's (or its index's) ``memory_bytes()``, else 0.
+    - ``index_memory_bytes``: the router's ``memory_bytes()`` (``MemoryReporting``), else 0.
 
     Per-request arrays (``replica``, ``hit_ids``, ``ttft``) are kept for
     inspection; ``to_dict`` leaves them out.
@@ -148,8 +148,8 @@ def roll_up(
     partial last block capped). ``service`` names the discipline (``"serial"``
     or ``"batched"``); ``offered_load`` is passed through; ``makespan`` is the
     time of the last event (simulated seconds). Reads the replicas' ``served``,
-    ``busy_time`` and ``work``, and the router's ``name`` and ``memory_bytes()``
-    (or its ``index``'s) where it has them. The result shares the tally's
+    ``busy_time`` and ``work``, and the router's ``name`` and, where it reports one
+    (``MemoryReporting``), ``memory_bytes()``. The result shares the tally's
     arrays. Complexity: O(requests + replicas), plus the percentiles' sorts.
     """
     n = len(prompt_tokens)
@@ -170,7 +170,7 @@ def roll_up(
     ttft = tally.ttft
     lost, novel = tally.lost_blocks, tally.novel_blocks
     return SimResult(
-        router=str(getattr(router, "name", type(router).__name__)),
+        router=str(router.name),
         service=service,
         num_replicas=num_replicas,
         capacity_blocks=capacity_blocks,
@@ -206,10 +206,6 @@ def _pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if len(a) else 0.0
 
 
-def _memory_bytes(router: object) -> int:
-    """The router's ``memory_bytes()``, else its ``index``'s (an optional extra), else 0."""
-    for obj in (router, getattr(router, "index", None)):
-        fn = getattr(obj, "memory_bytes", None)
-        if callable(fn):
-            return int(fn())
-    return 0
+def _memory_bytes(router: Router) -> int:
+    """The router's ``memory_bytes()`` where it reports one (``MemoryReporting``), else 0."""
+    return int(router.memory_bytes()) if isinstance(router, MemoryReporting) else 0

@@ -1,4 +1,4 @@
-"""Routing policies: which replica a request goes to (the :class:`~radixkv.fleet.protocol.Router`
+"""Routing policies: which replica a request goes to (the :class:`~radixkv.fleet.routing.Router`
 surface).
 
 Baselines that ignore the caches: ``round_robin``, ``least_loaded`` (fewest
@@ -34,11 +34,12 @@ import numpy as np
 import xxhash
 
 from radixkv.cache.events import KVCacheEvent
-from radixkv.cache.hashing import ChainHasher, chain_hashes, namespace_extra_keys
+from radixkv.cache.hashing import ChainHasher, chain_hashes, namespace_bytes
+from radixkv.checks import check_int, check_number
 from radixkv.fleet.approx import ApproxIndex
 from radixkv.fleet.exact import ExactIndex
 from radixkv.fleet.index_base import Clock
-from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
+from radixkv.fleet.routing import ReplicaState, Router, RouteRequest
 from radixkv.fleet.scoring import Backlog, TimeCostScoring
 from radixkv.fleet.service import ServiceModel, service_model
 
@@ -71,12 +72,6 @@ def _least_loaded(replicas: Sequence[ReplicaState]) -> ReplicaState:
     return best
 
 
-def _check_int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
 class _BaseRouter:
     """What every policy shares: ``block_size``, ``hasher``, ``seed`` and the no-op hooks.
 
@@ -89,13 +84,11 @@ class _BaseRouter:
     def __init__(
         self, *, block_size: int, hasher: ChainHasher | None = None, seed: int = 0
     ) -> None:
-        self.block_size = _check_int("block_size", block_size, 1)
+        self.block_size = check_int("block_size", block_size, low=1)
         if hasher is not None and not isinstance(hasher, ChainHasher):
             raise ValueError(f"hasher must be a ChainHasher or None, got {hasher!r}")
         self.hasher = ChainHasher("xxhash", seed=0) if hasher is None else hasher
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int, got {seed!r}")
-        self.seed = seed
+        self.seed = check_int("seed", seed)
 
     def on_events(self, replica_id: Hashable, events: Sequence[KVCacheEvent]) -> None:
         """Ignored: this policy keeps no index of the replicas' caches."""
@@ -105,6 +98,10 @@ class _BaseRouter:
 
     def drop_replica(self, replica_id: Hashable) -> None:
         """Nothing to forget: this policy keeps no per-replica state."""
+
+    def memory_bytes(self) -> int:
+        """0: this policy keeps no prefix index (``MemoryReporting``). O(1)."""
+        return 0
 
 
 class RoundRobinRouter(_BaseRouter):
@@ -179,7 +176,7 @@ class SessionRouter(_BaseRouter):
 
     def __init__(self, *, max_sessions: int = 1_000_000, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.max_sessions = _check_int("max_sessions", max_sessions, 1)
+        self.max_sessions = check_int("max_sessions", max_sessions, low=1)
         self._bindings: OrderedDict[Hashable, Hashable] = OrderedDict()
         self._sessions: dict[Hashable, set[Hashable]] = {}  # replica -> its sessions
 
@@ -222,8 +219,7 @@ class SessionRouter(_BaseRouter):
 def _prefix_key(tokens: np.ndarray, prefix_len: int, namespace: Hashable) -> int:
     """The ring position of a prompt: xxh3 of its first ``prefix_len`` tokens and namespace."""
     head = np.ascontiguousarray(tokens[:prefix_len], dtype=np.int32).tobytes()
-    extra = namespace_extra_keys(namespace)
-    return xxhash.xxh3_64_intdigest(head if extra is None else head + repr(extra).encode())
+    return xxhash.xxh3_64_intdigest(head + namespace_bytes(namespace))
 
 
 class CHWBLRouter(_BaseRouter):
@@ -253,14 +249,10 @@ class CHWBLRouter(_BaseRouter):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if isinstance(load_factor, bool) or not isinstance(load_factor, (int, float)):
-            raise ValueError(f"load_factor must be a number >= 1, got {load_factor!r}")
-        if not load_factor >= 1.0:
-            raise ValueError(f"load_factor must be a number >= 1, got {load_factor!r}")
-        self.load_factor = float(load_factor)
-        self.vnodes = _check_int("vnodes", vnodes, 1)
+        self.load_factor = check_number("load_factor", load_factor, low=1, finite=False)
+        self.vnodes = check_int("vnodes", vnodes, low=1)
         self.prefix_len = (
-            self.block_size if prefix_len is None else _check_int("prefix_len", prefix_len, 1)
+            self.block_size if prefix_len is None else check_int("prefix_len", prefix_len, low=1)
         )
         self._points: list[int] = []
         self._owners: list[Hashable] = []
@@ -399,6 +391,10 @@ class _PrefixRouter(_BaseRouter):
         self.index.drop_replica(replica_id)
         self.backlog.drop(replica_id)
         self._taken.pop(replica_id, None)
+
+    def memory_bytes(self) -> int:
+        """The prefix index's approximate bytes (``MemoryReporting``). O(its entries)."""
+        return self.index.memory_bytes()
 
 
 class ApproxPrefixRouter(_PrefixRouter):

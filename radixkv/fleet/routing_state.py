@@ -5,7 +5,7 @@ pick replicas for it (``choose_replicas``, possibly several times: a replica
 that was full or rejected the call makes Serve ask again), that a replica
 accepted it (``on_request_routed``) and that it ended
 (``on_request_completed``, also for attempts a replica rejected). A radixkv
-:class:`~radixkv.fleet.protocol.Router` wants one ``choose`` per placed
+:class:`~radixkv.fleet.routing.Router` wants one ``choose`` per placed
 request, one ``on_finish`` per ended one, and current ``in_flight`` counts.
 :class:`RoutingState` turns the first into the second. Plain Python: no Ray,
 no I/O, no threads; Ray Serve's adapter
@@ -23,13 +23,14 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from radixkv.cache.allocator import invariant
 from radixkv.cache.events import AllBlocksCleared, KVCacheEvent
+from radixkv.checks import check_number, is_number
+from radixkv.errors import invariant
 from radixkv.fleet.approx import ApproxIndex
 from radixkv.fleet.exact import ExactIndex
-from radixkv.fleet.protocol import ReplicaState, Router, RouteRequest
 from radixkv.fleet.router import ApproxPrefixRouter, ExactPrefixRouter
-from radixkv.fleet.transport import Reset
+from radixkv.fleet.routing import ReplicaState, Router, RouteRequest
+from radixkv.fleet.wire import Reset
 
 __all__ = ["NO_INDEX_VIEW", "IndexView", "RoutingState", "index_view"]
 
@@ -137,13 +138,11 @@ class RoutingState:
         clock: Callable[[], float] = time.monotonic,
         index: IndexView | None = None,
     ) -> None:
-        ttl = pending_ttl_s
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-            raise ValueError(f"pending_ttl_s must be a positive number, got {ttl!r}")
+        ttl = check_number("pending_ttl_s", pending_ttl_s, low=0, strict=True, finite=False)
         self.router = router
         self.index = index_view(router) if index is None else index
         self.confirmations = bool(confirmations)
-        self.pending_ttl_s = float(ttl)
+        self.pending_ttl_s = ttl
         self._clock = clock
         self.replicas: dict[Hashable, ReplicaState] = {}
         self._latest: dict[Hashable, _Decision] = {}  # call -> its latest decision, until settled
@@ -178,7 +177,7 @@ class RoutingState:
             return
         for name, kind in (("running", int), ("waiting", int), ("kv_usage", float)):
             value = stats.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if is_number(value):
                 setattr(state, name, kind(value))
 
     def apply(self, replica_id: Hashable, item: Sequence[KVCacheEvent] | Reset) -> None:

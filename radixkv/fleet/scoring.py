@@ -17,7 +17,8 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from radixkv.fleet.protocol import ReplicaState
+from radixkv.checks import check_int, check_number
+from radixkv.fleet.routing import ReplicaState
 from radixkv.fleet.service import ServiceModel
 
 __all__ = ["EXTERNALITIES", "Backlog", "TimeCostScoring"]
@@ -101,13 +102,6 @@ class Backlog:
         self._total.pop(replica_id, None)
 
 
-def _check_factor(value: float | None) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0:
-        raise ValueError(f"load_factor must be a number >= 1 or None, got {value!r}")
-
-
 EXTERNALITIES = ("extra", "full", "off")
 
 
@@ -154,13 +148,9 @@ class TimeCostScoring:
     def __post_init__(self) -> None:
         if not isinstance(self.service, ServiceModel):
             raise ValueError(f"service must be a ServiceModel, got {self.service!r}")
-        t = self.tokens_per_block
-        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-            raise ValueError(f"tokens_per_block must be an int >= 1, got {t!r}")
-        _check_factor(self.load_factor)
-        g = self.min_gain_blocks
-        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
-            raise ValueError(f"min_gain_blocks must be an int >= 0, got {g!r}")
+        check_int("tokens_per_block", self.tokens_per_block, low=1)
+        check_number("load_factor", self.load_factor, low=1, finite=False, optional=True)
+        check_int("min_gain_blocks", self.min_gain_blocks, low=0)
         if self.externality not in EXTERNALITIES:
             raise ValueError(
                 f"externality must be one of {EXTERNALITIES}, got {self.externality!r}"

@@ -7,23 +7,18 @@ split between decode tokens and chunked prefill, as continuous-batching
 engines do). :data:`SERVICE_PROFILES` names the two calibrations, each with
 where its figures come from: ``"cpu"`` (SmolLM2-135M on this repo's CPU, one
 request at a time) and ``"h200"`` (radixkv's engine on an NVIDIA H200).
-Plain Python: no numpy, no I/O.
+Plain Python arithmetic, no I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixkv.checks import check_int, check_number
+
 __all__ = ["SERVICE_PROFILES", "BatchConfig", "ServiceModel", "service_model"]
 
 _FIELDS = ("prefill_per_token", "attention_per_key", "decode_per_token", "step_overhead")
-
-
-def _number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if value == float("inf"):
-        raise ValueError(f"{name} must be finite, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -51,7 +46,7 @@ class ServiceModel:
 
     def __post_init__(self) -> None:
         for name in _FIELDS:
-            _number(name, getattr(self, name))
+            check_number(name, getattr(self, name), low=0)
 
     @staticmethod
     def keys(prompt_tokens: float, hit_tokens: float) -> float:
@@ -98,9 +93,7 @@ class BatchConfig:
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+            check_int(name, getattr(self, name), low=1)
         if self.token_budget <= self.max_num_seqs:
             raise ValueError(
                 f"token_budget must exceed max_num_seqs ({self.max_num_seqs}), "

@@ -55,9 +55,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from radixkv.cache.events import KVCacheEvent
-from radixkv.fleet.protocol import Router, RouteRequest
+from radixkv.checks import check_int, check_number
 from radixkv.fleet.replica import FLEET_HASHER, Replica, make_schedulers
 from radixkv.fleet.results import RunTally, SimResult, roll_up
+from radixkv.fleet.routing import Router, RouteRequest
 from radixkv.fleet.service import SERVICE_PROFILES, BatchConfig, ServiceModel
 from radixkv.replay.trace import MOONCAKE_BLOCK_SIZE, Trace
 
@@ -170,10 +171,8 @@ class SimClock:
     __slots__ = ("now", "scale")
 
     def __init__(self, scale: float = 1.0) -> None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-            raise ValueError(f"scale must be a number > 0, got {scale!r}")
+        self.scale = check_number("scale", scale, low=0, strict=True, finite=False)
         self.now = 0.0
-        self.scale = float(scale)
 
     def __call__(self) -> float:
         return self.now * self.scale
@@ -374,10 +373,8 @@ class FleetSim:
             ("block_size", block_size),
             ("tokens_per_id", tokens_per_id),
         ):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if not (isinstance(event_delay, (int, float)) and event_delay >= 0):
-            raise ValueError(f"event_delay must be a number >= 0, got {event_delay!r}")
+            check_int(name, v, low=1)
+        check_number("event_delay", event_delay, low=0, finite=False)
         if batch is not None and not isinstance(batch, BatchConfig):
             raise ValueError(f"batch must be a BatchConfig or None, got {batch!r}")
         self.replicas = [
@@ -405,15 +402,13 @@ class FleetSim:
         requests that are neither a ``Trace`` nor ``SimRequest`` objects, before
         anything runs. Mutates the replicas (caches, counters) and the router.
         """
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-            raise ValueError(f"rate must be a number > 0, got {rate!r}")
+        check_number("rate", rate, low=0, strict=True, finite=False)
         reqs = _as_requests(requests)
         run = _Run(self, reqs, router, rate)
         if progress:
             from tqdm import tqdm
 
-            name = getattr(router, "name", "?")
-            run.bar = tqdm(total=len(reqs), desc=f"route-sim {name}", unit="req")
+            run.bar = tqdm(total=len(reqs), desc=f"route-sim {router.name}", unit="req")
         makespan = run.loop()
         run.bar.close()
         return roll_up(

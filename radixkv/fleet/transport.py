@@ -36,13 +36,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import zmq
 
 from radixkv.cache.events import EventBatch, KVCacheEvent
-from radixkv.fleet.wire import decode_batch, encode_batch
+from radixkv.checks import check_int, check_str
+from radixkv.fleet.wire import Reset, decode_batch, encode_batch  # Reset: re-exported
 
 __all__ = ["END_SEQ", "LOCAL_ENDPOINT", "EventPublisher", "EventSubscriber", "Received", "Reset"]
 
@@ -61,20 +61,6 @@ _START_TIMEOUT_S = 5.0
 
 def _seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
-
-
-def _check_int(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    return value
-
-
-def _check_str(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {value!r} ({type(value).__name__})")
-    return value
 
 
 class EventPublisher:
@@ -103,15 +89,14 @@ class EventPublisher:
         data_parallel_rank: int | None = None,
         hwm: int = 100_000,
     ) -> None:
-        _check_str("endpoint", endpoint)
-        if replay_endpoint is not None:
-            _check_str("replay_endpoint", replay_endpoint)
-        self.topic = _check_str("topic", topic)
-        self.buffer_size = _check_int("buffer_size", buffer_size, 1)
-        if data_parallel_rank is not None:
-            _check_int("data_parallel_rank", data_parallel_rank, 0)
-        self.data_parallel_rank = data_parallel_rank
-        self._hwm = _check_int("hwm", hwm, 0)
+        check_str("endpoint", endpoint)
+        check_str("replay_endpoint", replay_endpoint, optional=True)
+        self.topic = check_str("topic", topic)
+        self.buffer_size = check_int("buffer_size", buffer_size, low=1)
+        self.data_parallel_rank = check_int(
+            "data_parallel_rank", data_parallel_rank, low=0, optional=True
+        )
+        self._hwm = check_int("hwm", hwm, low=0)
         self._topic_bytes = topic.encode("utf-8")
         self._next_seq = 0
         self._lock = threading.Lock()  # orders seq assignment with the queue
@@ -308,29 +293,6 @@ class EventPublisher:
         replay.send_multipart((*route, END_SEQ, b""))
 
 
-@dataclass(frozen=True)
-class Reset:
-    """A marker in a subscriber's output: the replica's view must start over here.
-
-    The consumer drops everything it derived from this replica's earlier
-    batches (the exact router clears the replica's index), then applies the
-    batches after the marker. An index rebuilt that way holds only blocks the
-    replica stored since, so it never claims a prefix the replica evicted
-    during the blind spot.
-
-    - ``reason="restart"``: the seq went backwards, so the publisher restarted
-      and its cache with it; ``seq`` is the new publisher's first seq seen.
-    - ``reason="lost"``: ``num_lost`` batches, ending just before ``seq`` (the
-      next one delivered), could not be recovered (the replay ring had dropped
-      them, the replay socket did not answer, there is none, or a payload did
-      not decode).
-    """
-
-    reason: Literal["restart", "lost"]
-    seq: int
-    num_lost: int = 0
-
-
 class EventSubscriber:
     """Reads one publisher's KV event stream in order, filling gaps from its replay socket.
 
@@ -367,14 +329,12 @@ class EventSubscriber:
         replay_timeout_ms: int = 1000,
         hwm: int = 100_000,
     ) -> None:
-        self.endpoint = _check_str("endpoint", endpoint)
-        if replay_endpoint is not None:
-            _check_str("replay_endpoint", replay_endpoint)
-        self.replay_endpoint = replay_endpoint
-        self.topic = _check_str("topic", topic)
+        self.endpoint = check_str("endpoint", endpoint)
+        self.replay_endpoint = check_str("replay_endpoint", replay_endpoint, optional=True)
+        self.topic = check_str("topic", topic)
         self.replay_from_start = bool(replay_from_start)
-        self.replay_timeout_ms = _check_int("replay_timeout_ms", replay_timeout_ms, 1)
-        hwm = _check_int("hwm", hwm, 0)
+        self.replay_timeout_ms = check_int("replay_timeout_ms", replay_timeout_ms, low=1)
+        hwm = check_int("hwm", hwm, low=0)
         self._topic_bytes = topic.encode("utf-8")
         self.last_seq: int | None = None
         """The last seq accounted for, delivered or reported lost (None before the first)."""
@@ -421,7 +381,7 @@ class EventSubscriber:
         the subscription reaches the publisher within a round trip, so batches
         published from then on arrive live (earlier ones only by replay).
         """
-        _check_int("timeout_ms", timeout_ms, 0)
+        timeout_ms = check_int("timeout_ms", timeout_ms, low=0)
         if self._connected:
             return True
         if self._monitor is None:
@@ -446,9 +406,8 @@ class EventSubscriber:
         """
         if self._closed:
             raise RuntimeError("EventSubscriber.poll called after close()")
-        if timeout_ms is not None:
-            _check_int("timeout_ms", timeout_ms, 0)
-        _check_int("max_messages", max_messages, 1)
+        timeout_ms = check_int("timeout_ms", timeout_ms, low=0, optional=True)
+        max_messages = check_int("max_messages", max_messages, low=1)
         out: list[Received | Reset] = []
         if not self._sub.poll(-1 if timeout_ms is None else timeout_ms, zmq.POLLIN):
             return out

@@ -13,12 +13,17 @@ by hand.
 
 Decoding ignores map keys it does not know (a newer vLLM's added fields) but
 rejects an event ``type`` it does not know.
+
+:class:`Reset` is the other thing a stream of batches delivers: the marker where a
+replica's view must start over. It lives here, not beside the ZMQ transport that
+emits it, so that its consumers (the routing state) need no pyzmq.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
@@ -29,8 +34,9 @@ from radixkv.cache.events import (
     EventBatch,
     KVCacheEvent,
 )
+from radixkv.checks import check_int, check_number
 
-__all__ = ["decode_batch", "encode_batch"]
+__all__ = ["Reset", "decode_batch", "encode_batch"]
 
 _EVENT_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared)
 
@@ -55,17 +61,8 @@ def encode_batch(
     negative ``data_parallel_rank`` or a field msgpack cannot hold (an int
     outside [-2**63, 2**64)). Complexity: O(size of the payload).
     """
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-        raise TypeError(f"ts must be a float, got {ts!r} ({type(ts).__name__})")
-    if not math.isfinite(ts):
-        raise ValueError(f"ts must be finite, got {ts!r}")
-    if data_parallel_rank is not None:
-        if isinstance(data_parallel_rank, bool) or not isinstance(data_parallel_rank, int):
-            raise TypeError(
-                f"data_parallel_rank must be an int or None, got {data_parallel_rank!r}"
-            )
-        if data_parallel_rank < 0:
-            raise ValueError(f"data_parallel_rank must be >= 0, got {data_parallel_rank}")
+    ts = check_number("ts", ts)
+    rank = check_int("data_parallel_rank", data_parallel_rank, low=0, optional=True)
     if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
         raise TypeError(f"events must be a sequence of KV events, got {type(events).__name__}")
     for i, event in enumerate(events):
@@ -74,7 +71,7 @@ def encode_batch(
                 f"events[{i}] must be a BlockStored, BlockRemoved or AllBlocksCleared, "
                 f"got {event!r} ({type(event).__name__})"
             )
-    batch = EventBatch(ts=float(ts), events=list(events), data_parallel_rank=data_parallel_rank)
+    batch = EventBatch(ts=ts, events=list(events), data_parallel_rank=rank)
     try:
         return _ENCODER.encode(batch)
     except (OverflowError, msgspec.EncodeError) as exc:
@@ -101,3 +98,26 @@ def decode_batch(payload: bytes | bytearray | memoryview) -> EventBatch:
         raise ValueError(
             f"payload is not a KV event batch ({len(payload)} bytes: {head}{more}): {exc}"
         ) from exc
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A marker in a subscriber's output: the replica's view must start over here.
+
+    The consumer drops everything it derived from this replica's earlier
+    batches (the exact router clears the replica's index), then applies the
+    batches after the marker. An index rebuilt that way holds only blocks the
+    replica stored since, so it never claims a prefix the replica evicted
+    during the blind spot.
+
+    - ``reason="restart"``: the seq went backwards, so the publisher restarted
+      and its cache with it; ``seq`` is the new publisher's first seq seen.
+    - ``reason="lost"``: ``num_lost`` batches, ending just before ``seq`` (the
+      next one delivered), could not be recovered (the replay ring had dropped
+      them, the replay socket did not answer, there is none, or a payload did
+      not decode).
+    """
+
+    reason: Literal["restart", "lost"]
+    seq: int
+    num_lost: int = 0

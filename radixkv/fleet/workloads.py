@@ -21,25 +21,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from radixkv.checks import check_int, check_ints, check_number
 from radixkv.fleet.sim import SimRequest
 from radixkv.replay.trace import MOONCAKE_BLOCK_SIZE
 
 __all__ = ["SYNTHETIC_WORKLOADS", "group_sizes", "grouped_prompts", "hot_prompt"]
 
 SYNTHETIC_WORKLOADS = ("groups", "hot")
-
-
-def _check(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
-def _check_rate(arrival_rate: float) -> float:
-    ok = isinstance(arrival_rate, (int, float)) and not isinstance(arrival_rate, bool)
-    if not ok or not arrival_rate > 0 or arrival_rate == float("inf"):
-        raise ValueError(f"arrival_rate must be a finite number > 0, got {arrival_rate!r}")
-    return float(arrival_rate)
 
 
 class _Ids:
@@ -91,8 +79,8 @@ def group_sizes(num_requests: int, groups: int) -> list[int]:
     >>> group_sizes(20, 16)
     [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
     """
-    groups = _check("groups", groups, 1)
-    n = _check("num_requests", num_requests, 1)
+    groups = check_int("groups", groups, low=1)
+    n = check_int("num_requests", num_requests, low=1)
     if n < groups:
         raise ValueError(
             f"num_requests must be >= groups ({groups}) so every group has a prompt, got {n}"
@@ -118,33 +106,27 @@ def grouped_prompts(
     Lengths in blocks (512 tokens each). The session is the group (so session
     affinity keeps a group together). ``ValueError`` for bad sizes.
     """
-    groups = _check("groups", groups, 1)
+    groups = check_int("groups", groups, low=1)
     if isinstance(prompts_per_group, Sequence):
         if len(prompts_per_group) != groups:
             raise ValueError(
                 f"prompts_per_group must have one count per group ({groups}), "
                 f"got {len(prompts_per_group)}: {list(prompts_per_group)!r}"
             )
-        per = [_check(f"prompts_per_group[{g}]", c, 1) for g, c in enumerate(prompts_per_group)]
+        per = check_ints("prompts_per_group", prompts_per_group, low=1)
     else:
-        per = [_check("prompts_per_group", prompts_per_group, 1)] * groups
-    system_len = _check("system_len", system_len, 0)
-    question_len = _check("question_len", question_len, 1)
-    output_tokens = _check("output_tokens", output_tokens, 0)
+        per = [check_int("prompts_per_group", prompts_per_group, low=1)] * groups
+    system_len = check_int("system_len", system_len, low=0)
+    question_len = check_int("question_len", question_len, low=1)
+    output_tokens = check_int("output_tokens", output_tokens, low=0)
+    rate = check_number("arrival_rate", arrival_rate, low=0, strict=True)
     rng = np.random.default_rng(seed)
     ids = _Ids()
     systems = [ids.take(system_len) for _ in range(groups)]
     order = rng.permutation(np.repeat(np.arange(groups), per))
     prefixes = [systems[g] for g in order]
-    return _build(
-        prefixes,
-        question_len,
-        output_tokens,
-        _check_rate(arrival_rate),
-        rng,
-        ids,
-        sessions=[f"group-{g}" for g in order],
-    )
+    sessions = [f"group-{g}" for g in order]
+    return _build(prefixes, question_len, output_tokens, rate, rng, ids, sessions=sessions)
 
 
 def hot_prompt(
@@ -159,15 +141,16 @@ def hot_prompt(
 ) -> list[SimRequest]:
     """``num_requests`` requests, each with the one hot system prompt with probability
     ``hot_fraction``, else an unshared prompt of the same length. Lengths in blocks."""
-    n = _check("num_requests", num_requests, 1)
-    if not (isinstance(hot_fraction, (int, float)) and 0.0 <= hot_fraction <= 1.0):
-        raise ValueError(f"hot_fraction must be in [0, 1], got {hot_fraction!r}")
-    system_len = _check("system_len", system_len, 0)
-    question_len = _check("question_len", question_len, 1)
-    output_tokens = _check("output_tokens", output_tokens, 0)
+    n = check_int("num_requests", num_requests, low=1)
+    if not 0.0 <= check_number("hot_fraction", hot_fraction) <= 1.0:
+        raise ValueError(f"hot_fraction must be a number in [0, 1], got {hot_fraction!r}")
+    system_len = check_int("system_len", system_len, low=0)
+    question_len = check_int("question_len", question_len, low=1)
+    output_tokens = check_int("output_tokens", output_tokens, low=0)
+    rate = check_number("arrival_rate", arrival_rate, low=0, strict=True)
     rng = np.random.default_rng(seed)
     ids = _Ids()
     hot = ids.take(system_len)
     is_hot = rng.random(n) < hot_fraction
     prefixes = [hot if h else ids.take(system_len) for h in is_hot]
-    return _build(prefixes, question_len, output_tokens, _check_rate(arrival_rate), rng, ids)
+    return _build(prefixes, question_len, output_tokens, rate, rng, ids)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from radixkv.replay.cli_types import (
+from radixkv.cli_args import (
     fail,
     int_in,
     one_line_errors,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 from radixkv.cache.eviction import EVICTION_ORDERS
+from radixkv.checks import check_int, check_number
 
 __all__ = ["FLAT_POLICIES", "RADIX_POLICIES", "REPLAY_POLICIES", "ReplayConfig"]
 
@@ -62,19 +61,17 @@ class ReplayConfig:
             ("max_freq", 0, 2**62),
             ("host_capacity", 0, _MAX_CAPACITY),
         ):
-            object.__setattr__(self, name, _checked_int(name, getattr(self, name), low, high))
+            value = check_int(name, getattr(self, name), low=low, high=high)
+            object.__setattr__(self, name, value)
         if self.host_capacity and self.policy not in RADIX_POLICIES:
             raise ValueError(
                 f"host_capacity is for the radix-* policies only, got host_capacity="
                 f"{self.host_capacity} with policy {self.policy!r}"
             )
-        ratio = self.small_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
-            raise TypeError(f"small_ratio must be a number, got {type(ratio).__name__}")
-        ratio = float(ratio)
+        ratio = check_number("small_ratio", self.small_ratio)
         object.__setattr__(self, "small_ratio", ratio)
-        if not (math.isfinite(ratio) and 0.0 < ratio < 1.0):
-            raise ValueError(f"small_ratio must be in (0, 1), got {ratio!r}")
+        if not 0.0 < ratio < 1.0:
+            raise ValueError(f"small_ratio must be a number in (0, 1), got {ratio!r}")
         if self.policy == "s3fifo":
             if self.small_cap < 1:
                 raise ValueError(
@@ -101,11 +98,3 @@ class ReplayConfig:
     def ghost_cap(self) -> int:
         """S3FIFO ghost-queue size: ``main_cap`` (not ``small_cap``)."""
         return self.main_cap
-
-
-def _checked_int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return int(value)

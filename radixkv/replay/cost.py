@@ -36,12 +36,11 @@ cost: ``CacheStats.backed_up_blocks`` counts them for a separate total.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
+from radixkv.checks import check_int, check_number
 from radixkv.replay.replay import ReplayResult
 
 __all__ = [
@@ -72,14 +71,9 @@ class TierCostModel:
 
     def __post_init__(self) -> None:
         for name in ("prefill_s_per_token", "reload_s_per_token"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
-            if name == "prefill_s_per_token" and not v > 0:
-                raise ValueError(f"prefill_s_per_token must be > 0, got {v!r}")
-            if v < 0:
-                raise ValueError(f"{name} must be >= 0, got {v!r}")
-            object.__setattr__(self, name, float(v))
+            strict = name == "prefill_s_per_token"  # it is the unit of tokens_saved
+            value = check_number(name, getattr(self, name), low=0, strict=strict)
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_bandwidth(
@@ -92,14 +86,8 @@ class TierCostModel:
 
         ``ValueError`` naming the argument for ``gbps <= 0`` or ``kv_bytes_per_token < 1``.
         """
-        if isinstance(gbps, bool) or not isinstance(gbps, numbers.Real) or not gbps > 0:
-            raise ValueError(f"gbps must be a number > 0, got {gbps!r}")
-        if (
-            isinstance(kv_bytes_per_token, bool)
-            or not isinstance(kv_bytes_per_token, numbers.Integral)
-            or kv_bytes_per_token < 1
-        ):
-            raise ValueError(f"kv_bytes_per_token must be an int >= 1, got {kv_bytes_per_token!r}")
+        check_number("gbps", gbps, low=0, strict=True, finite=False)
+        check_int("kv_bytes_per_token", kv_bytes_per_token, low=1)
         return cls(prefill_s_per_token, kv_bytes_per_token / (gbps * 1e9))
 
     @property

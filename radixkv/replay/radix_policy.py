@@ -16,7 +16,6 @@ back (``RadixCache.load``) instead of recomputing it.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +26,7 @@ from radixkv.cache.host import HostTier, NullCopier
 from radixkv.cache.manager import KVCacheManager
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats
+from radixkv.checks import check_int
 from radixkv.replay.trace import Trace
 
 __all__ = ["RadixReplayer", "TierReplay", "radix_replay", "radix_replay_tiers"]
@@ -54,11 +54,7 @@ class RadixReplayer:
     def __init__(self, policy: str, capacity: int, host_capacity: int = 0) -> None:
         if policy not in _EVICTION:
             raise ValueError(f"policy must be one of {', '.join(_EVICTION)}, got {policy!r}")
-        if isinstance(host_capacity, bool) or not isinstance(host_capacity, numbers.Integral):
-            raise TypeError(f"host_capacity must be an int, got {type(host_capacity).__name__}")
-        host_capacity = int(host_capacity)
-        if host_capacity < 0:
-            raise ValueError(f"host_capacity must be >= 0, got {host_capacity}")
+        host_capacity = check_int("host_capacity", host_capacity, low=0)
         self.alloc = BlockAllocator(num_blocks=capacity, block_size=1)
         self.host_alloc: BlockAllocator | None = None
         self.copier: NullCopier | None = None

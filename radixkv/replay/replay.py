@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from radixkv.cache.results import CacheStats
-from radixkv.replay import policies_fast
+from radixkv.replay import flat_policies
 from radixkv.replay.config import FLAT_POLICIES, ReplayConfig
 from radixkv.replay.radix_policy import radix_replay_tiers
 from radixkv.replay.trace import Trace, TraceRequest
@@ -219,9 +219,9 @@ def replay(
     if config.policy in FLAT_POLICIES:
         hit_blocks, block_hits, resident = _run_flat(trace, config)
         final_cache_blocks = int(resident.sum())
-        reach = policies_fast.reachable_mask(trace.ids, trace.offsets, resident)
+        reach = flat_policies.reachable_mask(trace.ids, trace.offsets, resident)
         unreachable = final_cache_blocks - int(reach.sum())
-        orphans = int(policies_fast.orphan_count(trace.ids, trace.offsets, resident))
+        orphans = int(flat_policies.orphan_count(trace.ids, trace.offsets, resident))
         host_hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
         final_host_blocks = 0
         cache_stats = None
@@ -258,9 +258,9 @@ def replay(
 def _run_flat(trace: Trace, config: ReplayConfig) -> tuple[np.ndarray, int, np.ndarray]:
     ids, offsets, num_ids = trace.ids, trace.offsets, trace.num_ids
     if config.policy == "lru":
-        return policies_fast.lru_kernel(ids, offsets, num_ids, config.capacity)
+        return flat_policies.lru_kernel(ids, offsets, num_ids, config.capacity)
     if config.policy == "lfu":
-        return policies_fast.lfu_kernel(ids, offsets, num_ids, config.capacity)
-    return policies_fast.s3fifo_kernel(
+        return flat_policies.lfu_kernel(ids, offsets, num_ids, config.capacity)
+    return flat_policies.s3fifo_kernel(
         ids, offsets, num_ids, config.small_cap, config.main_cap, config.max_freq
     )

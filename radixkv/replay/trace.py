@@ -21,6 +21,8 @@ from typing import Any, BinaryIO, overload
 
 import numpy as np
 
+from radixkv.checks import check_int
+
 __all__ = [
     "MOONCAKE_BLOCK_SIZE",
     "Trace",
@@ -187,10 +189,7 @@ def load_trace(
 
     Complexity: O(file size); memory O(total hash ids).
     """
-    if block_size is not None and (
-        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
-    ):
-        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
+    block_size = check_int("block_size", block_size, low=1, optional=True)
     if isinstance(source, (str, os.PathLike)):
         name = os.fspath(source)
         with open(name, "rb") as f:
@@ -217,7 +216,12 @@ def _reject_constant(name: str) -> float:
 
 
 class _Builder:
-    """Accumulates validated requests; ``build`` makes the arrays. Nothing escapes on error."""
+    """Accumulates validated requests; ``build`` makes the arrays. Nothing escapes on error.
+
+    The record checks stay inline rather than ``radixkv.checks`` calls: they judge a
+    file's JSON values, not arguments (a ``TraceError`` naming ``FILE:LINE``), and run
+    once per hash id of a trace of millions.
+    """
 
     def __init__(self, source: str, block_size: int | None = None) -> None:
         self.source = source

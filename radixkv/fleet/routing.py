@@ -1,11 +1,13 @@
-"""What a router sees and answers: one request to place, the replicas it may go to.
+"""The routing contract: one request to place, the replicas it may go to, the Router surface.
 
 Every routing policy in :mod:`radixkv.fleet.router` has the :class:`Router`
 surface, so the simulator (:mod:`radixkv.fleet.sim`) and a real serving front
 (Ray Serve's request router, in the next layer) drive any of them the same way:
 ``choose`` a replica for each request, feed each replica's KV events to
 ``on_events``, tell ``on_finish`` when a request ends, ``drop_replica`` when one
-dies. Plain Python and numpy: no framework, no I/O.
+dies. A policy that keeps state worth sizing (a prefix index) also has
+:class:`MemoryReporting`'s ``memory_bytes()``; every built-in one has it (0 for
+the policies without an index). Plain Python and numpy: no framework, no I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from radixkv.cache.events import KVCacheEvent
 
-__all__ = ["ReplicaState", "RouteRequest", "Router"]
+__all__ = ["MemoryReporting", "ReplicaState", "RouteRequest", "Router"]
 
 
 @dataclass(frozen=True)
@@ -82,4 +84,14 @@ class Router(Protocol):
 
     def drop_replica(self, replica_id: Hashable) -> None:
         """Forget everything about a replica that went away."""
+        ...
+
+
+@runtime_checkable
+class MemoryReporting(Protocol):
+    """A router that reports what its routing state takes (every policy of
+    :mod:`radixkv.fleet.router`); the simulator's ``index_memory_bytes`` is 0 for any other."""
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes of the policy's state: its prefix index's, 0 without one."""
         ...

@@ -3,7 +3,8 @@
 ``RadixCache`` (token-level radix tree), ``HashBlockCache`` (vLLM-style
 chained block hashes) and ``NullCache`` (caches nothing: the cache-off
 baseline) all satisfy this protocol structurally, so a serving loop, the trace
-replayer or a benchmark can take any one.
+replayer or a benchmark can take any one. Below the protocol, the input checks
+and the reference bookkeeping the implementations share.
 
 Reference ownership, common to every implementation (docs/design.md):
 
@@ -26,14 +27,13 @@ Reference ownership, common to every implementation (docs/design.md):
   the caches drop its state once its last block goes.
 - One cache per allocator (``BlockAllocator``'s module docstring).
 
-KV cache events are an optional extension, not part of the protocol (a
-user's cache satisfies it without them): ``RadixCache`` and
+KV cache events are part of the surface, on or off: ``RadixCache`` and
 ``HashBlockCache`` built with ``events=ChainHasher(...)`` record what enters
 and leaves them (``radixkv.cache.events``) and hand it out with
 ``take_events() -> list[KVCacheEvent]``; ``events_hasher`` is that
-``ChainHasher`` (None when off). Every built-in cache, ``NullCache`` too,
-has both (``take_events()`` is ``[]`` with events off), so a caller may use
-``getattr(cache, "take_events", None)`` for any other cache. With events on,
+``ChainHasher``. With events off (and in ``NullCache``, which never has a
+block to report) ``take_events()`` is ``[]`` and ``events_hasher`` None, so a
+caller asks any cache directly, never with ``getattr``. With events on,
 every method taking a namespace refuses one the hasher cannot encode
 (``ValueError`` naming ``namespace``; ``ChainHasher.check_namespace``),
 before any change: a caller checks a namespace up front with
@@ -49,7 +49,10 @@ import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import BlockSeq, TokenSeq, as_block_array
+from radixkv.cache.events import KVCacheEvent
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.results import CacheStats, MatchResult
+from radixkv.checks import check_int
 
 __all__ = [
     "PrefixCache",
@@ -160,6 +163,18 @@ class PrefixCache(Protocol):
         """A snapshot of the cumulative counters (tokens unless noted)."""
         ...
 
+    @property
+    def events_hasher(self) -> ChainHasher | None:
+        """The ``ChainHasher`` the KV cache events are hashed with; None when events are off."""
+        ...
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The pending KV cache events, oldest first, and forget them; ``[]`` with events off.
+
+        Ownership: the caller owns the returned list. Complexity: O(1).
+        """
+        ...
+
     def check(self) -> None:
         """Verify every invariant of the structure and its allocator.
 
@@ -217,11 +232,9 @@ def _typed_key(value: object, namespace: object) -> Hashable:
 
 
 def check_num_blocks(num_blocks: object) -> None:
-    """``TypeError`` unless an int (bool excluded), ``ValueError`` if negative."""
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
-        raise TypeError(f"num_blocks must be an int, got {type(num_blocks).__name__}")
-    if num_blocks < 0:
-        raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+    """``TypeError`` unless an int (bool excluded), ``ValueError`` if negative (``check_int``)."""
+    if type(num_blocks) is not int or num_blocks < 0:  # evict's common case costs no call
+        check_int("num_blocks", num_blocks, low=0)
 
 
 def check_insert_blocks(allocator: BlockAllocator, blocks: BlockSeq, num_tokens: int) -> np.ndarray:

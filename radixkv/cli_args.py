@@ -3,10 +3,10 @@
 The types are argparse ``type=`` functions: a bad value becomes argparse's own usage
 error, ``argument --flag: must be >= 1, got 0``, before the command does any work.
 ``one_line_errors`` makes those errors a single line on stderr with exit code 2
-(``EXIT_USAGE``, argparse's code). Imports nothing from radixkv. It sits in the
-replay tier, the lowest one with a command line, so that ``radixkv.replay.cli``
-imports it within its tier and ``radixkv.demo`` and ``radixkv.cli`` import it
-downward (docs/design.md: nothing imports upward).
+(``EXIT_USAGE``, argparse's code); ``fail`` prints one such line for a problem found
+after parsing, and ``output_problem`` finds one for an output file. A leaf module: it
+imports nothing from radixkv, so every tier's command line (``radixkv replay``,
+``route-sim``, ``serve``, the demo) may import it.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from collections.abc import Callable
 from typing import NoReturn
 
 __all__ = [
-    "output_problem",
     "EXIT_USAGE",
     "fail",
     "int_in",
     "nonneg_int",
     "one_line_errors",
     "open_unit_float",
+    "output_problem",
     "positive_int",
 ]
 

@@ -1,4 +1,4 @@
-"""Numba kernels for the flat block-cache policies: LRU, LFU and S3FIFO.
+"""The flat block-cache policies (``FLAT_POLICIES``: LRU, LFU, S3FIFO) as numba replayers.
 
 Every kernel replays a whole trace over dense ids (``ids``, ``offsets`` as in
 ``Trace``) and returns ``(hit_blocks, block_hits, resident)``:
