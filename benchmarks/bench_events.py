@@ -27,7 +27,7 @@ import numpy as np
 from bench_common import save_rows
 
 from radixkv import BlockAllocator, HashBlockCache, RadixCache
-from radixkv.cache.events import ChainHasher
+from radixkv.cache.hashing import ChainHasher
 
 
 def workload(num_requests: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -27,7 +27,7 @@ import string
 import time
 from typing import Any
 
-from radixkv.replay.cli_types import fail, int_in, nonneg_int, one_line_errors, positive_int
+from radixkv.cli_args import fail, int_in, nonneg_int, one_line_errors, positive_int
 from radixkv.text.tokenizer import ByteTokenizer, Tokenizer, smollm2_gguf_path
 from radixkv.workloads import ChatText, ChatWorkload, TemplateChat, WordText
 

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array, common_prefix_len
-from radixkv.checks import check_int
+from radixkv.checks import check_int, check_ints
 from radixkv.text.tokenizer import Tokenizer, extend_chat, render_chat
 
 __all__ = ["ChatText", "ChatWorkload", "IdealPrefill", "TemplateChat", "WordText"]
@@ -57,11 +57,15 @@ class ChatWorkload:
     def __post_init__(self) -> None:
         for name in ("system_len", "num_users", "num_turns", "vocab_size", "num_groups"):
             check_int(name, getattr(self, name), low=1)
-        lo, hi = self.user_len
-        if not 1 <= lo <= hi:
+        check_int("seed", self.seed, low=0)
+        try:
+            lo, hi = self.user_len
+        except (TypeError, ValueError):
+            raise ValueError(f"user_len must be a (lo, hi) pair, got {self.user_len!r}") from None
+        lo, hi = check_ints("user_len", (lo, hi), low=1)
+        if lo > hi:
             raise ValueError(f"user_len must be (lo, hi) with 1 <= lo <= hi, got {self.user_len}")
-        if not 0 <= self.low < self.vocab_size:
-            raise ValueError(f"low must be in [0, vocab_size), got {self.low}")
+        check_int("low", self.low, low=0, high=self.vocab_size - 1)
 
     def group(self, user: int) -> int:
         """The group whose system prompt user ``user`` shares: ``user % num_groups``."""

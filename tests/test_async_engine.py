@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 from serve_helpers import TINY_CONFIG
 
-from radixkv.cache.events import BlockStored, ChainHasher
+from radixkv.cache.events import BlockStored
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.radix import RadixCache
 from radixkv.engine import Engine, EngineConfig, SamplingParams
 from radixkv.model import random_model
 from radixkv.serve import EngineMetrics, RequestOutput
 from radixkv.serve.async_engine import AsyncEngine
-from radixkv.serve.worker import NO_EVENT_RELAY, EventRelay, EventSource
+from radixkv.serve.worker import NO_EVENT_RELAY, EventRelay
 from radixkv.text.tokenizer import ByteTokenizer
 
 CFG = TINY_CONFIG
@@ -401,29 +402,6 @@ def test_without_a_sink_the_cache_keeps_its_events(model) -> None:
 
     run(main())
     assert any(isinstance(e, BlockStored) for e in engine.cache.take_events())
-
-
-def test_an_event_sink_needs_a_cache_that_hands_out_events(model) -> None:
-    class NoEvents:
-        """A user's cache without the (optional) KV events: everything else delegated."""
-
-        def __init__(self, cache: RadixCache) -> None:
-            self.cache = cache
-
-        def __getattr__(self, name: str) -> object:
-            if name in ("take_events", "events_hasher"):
-                raise AttributeError(name)
-            return getattr(self.cache, name)
-
-    engine = Engine(
-        model,
-        EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE),
-        cache_factory=lambda alloc: NoEvents(RadixCache(alloc)),
-    )
-    assert not isinstance(engine.cache, EventSource)
-    with pytest.raises(TypeError, match="event_sink needs a cache .*got engine.cache NoEvents"):
-        AsyncEngine(engine, event_sink=lambda events: None)
-    AsyncEngine(engine)  # no sink: nothing to hand out
 
 
 def test_the_event_relay_hands_over_batches_and_outlives_a_broken_sink(caplog) -> None:

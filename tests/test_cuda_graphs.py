@@ -152,7 +152,7 @@ def test_engine_with_the_static_path_equals_eager(cache) -> None:
     want = _chat(Engine(model, cfg))
     engine = Engine(model, cfg)
     assert isinstance(engine.runner, EagerRunner)  # the CPU never captures
-    runner = GraphRunner(DecodeGraphs(model, engine.kv, 6, 64, capture=False), engine.runner)
+    runner = GraphRunner(DecodeGraphs(model, engine.kv_pool, 6, 64, capture=False), engine.runner)
     engine.runner = runner
     assert _chat(engine) == want
     assert runner.num_replayed > 0 and runner.num_eager > 0  # decodes replayed, prefills not

@@ -101,7 +101,7 @@ def test_greedy_outputs_with_cache_equal_cache_off(model, scenario, device):
     results = {}
     for cache in (None, "radix", "hash"):
         engine = Engine(model, EngineConfig(cache=cache, **kwargs))
-        assert engine.kv.device.type == device  # the pool follows the model
+        assert engine.kv_pool.device.type == device  # the pool follows the model
         results[cache] = run_chat(engine, wl, params)
         if cache is not None:
             stats = EngineStats.of([o.stats for w in results[cache] for o in w], 1.0)
@@ -289,7 +289,14 @@ def test_pool_sized_from_a_memory_budget(model):
         CFG.num_layers, 16, CFG.num_kv_heads, CFG.head_dim, torch.float32
     )
     engine = Engine(model, EngineConfig(num_blocks=None, kv_memory_bytes=per_block * 37 + 5))
-    assert engine.allocator.num_blocks == engine.kv.num_blocks == 37
+    assert engine.allocator.num_blocks == engine.kv_pool.num_blocks == 37
+
+
+def test_the_pools_keep_their_old_names_for_a_release(model):
+    engine = Engine(model, EngineConfig(num_blocks=8, block_size=4, host_kv_blocks=8))
+    assert engine.kv is engine.kv_pool and engine.host_kv is engine.host_kv_pool
+    assert engine.host_kv_pool is not None and engine.host_kv_pool.device.type == "cpu"
+    assert Engine(model, EngineConfig(num_blocks=8, block_size=4)).host_kv is None
 
 
 def test_engine_config_validation():

@@ -3,14 +3,16 @@ its field (issue 11, items 1-7). Each test names the item it guards."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixkv.cache.events import ChainHasher
+from radixkv.cache.hashing import ChainHasher
 from radixkv.engine import Engine, EngineConfig
 from radixkv.engine.request import FinishReason, Request, SamplingParams
+from radixkv.errors import ArgumentTypeError
 from radixkv.model import ModelConfig, random_model
 
 torch.set_num_threads(1)
@@ -283,6 +285,17 @@ def test_engine_config_errors_name_the_field_and_value(kwargs, field):
     assert repr(next(iter(kwargs.values()))) in str(info.value) or field == "eviction"
 
 
+def test_engine_config_stores_numpy_ints_as_ints_and_refuses_bools():
+    """One rule for every int field (radixkv.checks): a numpy int is an int, a bool is not."""
+    cfg = EngineConfig(block_size=np.int64(8), num_blocks=np.int32(16), seed=np.uint8(3))
+    assert (cfg.block_size, cfg.num_blocks, cfg.seed) == (8, 16, 3)
+    assert all(type(v) is int for v in (cfg.block_size, cfg.num_blocks, cfg.seed))
+    with pytest.raises(ArgumentTypeError, match=r"^block_size must be a positive int, got True$"):
+        EngineConfig(block_size=True)
+    with pytest.raises(ArgumentTypeError, match=r"^cuda_graphs must be a bool, got 1$"):
+        EngineConfig(cuda_graphs=1)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present")
 def test_cuda_device_without_cuda_is_a_config_error():
     with pytest.raises(ValueError, match="CUDA is not available"):
@@ -292,15 +305,18 @@ def test_cuda_device_without_cuda_is_a_config_error():
 @pytest.mark.parametrize(
     ("kwargs", "shown"),
     [
-        ({"top_p": None}, "top_p must be a number, got None"),
-        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
-        ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
-        ({"temperature": float("nan")}, "temperature must be finite, got nan"),
-        ({"max_new_tokens": 2.5}, "max_new_tokens must be an int, got 2.5"),
-        ({"seed": "7"}, "seed must be an int, got '7'"),
+        ({"top_p": None}, "top_p must be a finite number, got None"),
+        ({"top_p": 0.0}, "top_p must be a number in (0, 1], got 0.0"),
+        ({"temperature": "hot"}, "temperature must be a non-negative number, got 'hot'"),
+        ({"temperature": float("nan")}, "temperature must be a non-negative number, got nan"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be a positive int, got 2.5"),
+        (
+            {"seed": "7"},
+            f"seed must be an int in [{-(2**63)}, {2**64 - 1}] or None, got '7'",
+        ),
         ({"stop_token_ids": 5}, "stop_token_ids must be a sequence of ints, got 5"),
         ({"stop_token_ids": "ab"}, "stop_token_ids must be a sequence of ints, got 'ab'"),
-        ({"stop_token_ids": [1, -2]}, "stop_token_ids must be non-negative ints, got -2"),
+        ({"stop_token_ids": [1, -2]}, "stop_token_ids[1] must be a non-negative int, got -2"),
     ],
 )
 def test_sampling_params_errors_name_the_field_and_value(kwargs, shown):

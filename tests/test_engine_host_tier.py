@@ -87,7 +87,7 @@ def test_greedy_outputs_equal_cache_off_device_hit_and_host_reload(model, bs, de
     t = tiered.tier_stats()
     assert t.loaded_tokens > 0 and t.backed_up_blocks > 0 and t.host_hit_tokens > 0
     assert big.tier_stats().loaded_tokens == 0
-    assert tiered.host_kv is not None and tiered.host_kv.device.type == "cpu"
+    assert tiered.host_kv_pool is not None and tiered.host_kv_pool.device.type == "cpu"
 
 
 def test_namespaces_and_preemption_with_host_reload(model):
@@ -249,7 +249,7 @@ def test_serving_engine_with_a_host_tier_and_events():
 
 
 def test_a_cache_factory_cannot_take_a_host_tier_or_events(model):
-    from radixkv.cache.events import ChainHasher
+    from radixkv.cache.hashing import ChainHasher
     from radixkv.cache.radix import RadixCache
 
     with pytest.raises(ValueError, match="cache_factory"):

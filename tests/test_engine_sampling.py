@@ -303,17 +303,17 @@ def test_prompt_logprobs_refuse_a_prompt_too_long_to_score(model, monkeypatch) -
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"top_k": -1}, "top_k must be >= 0, got -1"),
-        ({"min_p": 1.5}, r"min_p must be in \[0, 1\], got 1.5"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0, got 0.0"),
-        ({"presence_penalty": float("nan")}, "presence_penalty must be finite"),
-        ({"frequency_penalty": "x"}, "frequency_penalty must be a number"),
-        ({"logit_bias": {-1: 1.0}}, "logit_bias token ids must be non-negative ints, got -1"),
-        ({"logit_bias": [(1, float("inf"))]}, "logit_bias must be finite"),
+        ({"top_k": -1}, "top_k must be a non-negative int, got -1"),
+        ({"min_p": 1.5}, r"min_p must be a number in \[0, 1\], got 1.5"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be a positive number, got 0.0"),
+        ({"presence_penalty": float("nan")}, "presence_penalty must be a finite number, got nan"),
+        ({"frequency_penalty": "x"}, "frequency_penalty must be a finite number, got 'x'"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias token id must be a non-negative int, got -1"),
+        ({"logit_bias": [(1, float("inf"))]}, r"logit_bias\[1\] must be a finite number, got inf"),
         ({"logit_bias": "ab"}, "logit_bias must hold"),
-        ({"min_tokens": 20}, r"min_tokens must be in \[0, 16\], got 20"),
-        ({"top_logprobs": -1}, "top_logprobs must be >= 0"),
-        ({"prompt_logprobs": 1.5}, "prompt_logprobs must be an int"),
+        ({"min_tokens": 20}, r"min_tokens must be an int in \[0, 16\], got 20"),
+        ({"top_logprobs": -1}, "top_logprobs must be a non-negative int, got -1"),
+        ({"prompt_logprobs": 1.5}, "prompt_logprobs must be a non-negative int or None, got 1.5"),
     ],
 )
 def test_bad_sampling_params_name_the_field(kw, message) -> None:

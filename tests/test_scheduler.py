@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.host import HostTier
-from radixkv.engine.kv_manager import KVCacheManager, make_cache
+from radixkv.cache.manager import KVCacheManager, make_cache
 from radixkv.engine.request import FinishReason, Request, RequestStatus, SamplingParams
 from radixkv.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from radixkv.workloads import ChatWorkload, IdealPrefill

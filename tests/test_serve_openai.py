@@ -574,7 +574,7 @@ def test_context_length_comes_from_the_models_metadata(tmp_path: Path) -> None:
     assert context_length(str(tmp_path)) == 4096
     (tmp_path / "config.json").write_text(json.dumps({}))
     assert context_length(str(tmp_path)) is None
-    from radixkv.model.tokenizer import smollm2_gguf_path
+    from radixkv.text.tokenizer import smollm2_gguf_path
 
     if smollm2_gguf_path() is not None:
         assert context_length("smollm2") == 8192  # SmolLM2's llama.context_length
@@ -773,4 +773,4 @@ def test_min_tokens_past_the_capped_default_is_a_400_naming_it(model) -> None:
     with Server(build_app(ae, model_name=MODEL, max_model_len=64)) as server:
         message = error(server, "/v1/completions", {"prompt": [1] * 60, "min_tokens": 10},
                         "min_tokens")  # fmt: skip
-        assert message == "min_tokens must be in [0, 4], got 10"
+        assert message == "min_tokens must be an int in [0, 4], got 10"

@@ -27,13 +27,13 @@ import torch
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq
-from radixkv.cache.events import ChainHasher
 from radixkv.cache.eviction import EVICTION_ORDERS
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import WRITE_POLICIES, HostTier
 from radixkv.cache.manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.cache.null import NullCache
-from radixkv.cache.protocol import PrefixCache
-from radixkv.cache.results import CacheStats
+from radixkv.cache.prefix_cache import PrefixCache
+from radixkv.checks import check_bool, check_int
 from radixkv.engine.model_runner import (
     EagerRunner,
     GraphRunner,
@@ -54,6 +54,7 @@ from radixkv.engine.scheduler import (
     SchedulerConfig,
     SchedulerOutput,
 )
+from radixkv.engine.stats import TierStats
 from radixkv.model.kv_copy import KVCopier
 from radixkv.model.kvpool import KVPool
 
@@ -62,8 +63,6 @@ __all__ = [
     "Completion",
     "Engine",
     "EngineConfig",
-    "EngineStats",
-    "TierStats",
     "TokenObserver",
     "build_forward_batch",
 ]
@@ -129,23 +128,23 @@ class EngineConfig:
     cuda_graph_max_context: int = 4096
 
     def __post_init__(self) -> None:
-        for name in (
-            "block_size",
-            "kv_memory_bytes",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "lpm_max_wait_steps",
-            "cuda_graph_max_context",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.num_blocks is not None and (
-            isinstance(self.num_blocks, bool)
-            or not isinstance(self.num_blocks, int)
-            or self.num_blocks < 1
-        ):
-            raise ValueError(f"num_blocks must be a positive int or None, got {self.num_blocks!r}")
+        ints = (
+            ("block_size", 1),
+            ("kv_memory_bytes", 1),
+            ("max_num_batched_tokens", 1),
+            ("max_num_seqs", 1),
+            ("lpm_max_wait_steps", 1),
+            ("cuda_graph_max_context", 1),
+            ("seed", 0),
+            ("host_kv_blocks", 0),
+            ("host_write_through_hits", 0),
+        )
+        for name, low in ints:  # stored as plain ints (a numpy int passes the check)
+            object.__setattr__(self, name, check_int(name, getattr(self, name), low=low))
+        num_blocks = check_int("num_blocks", self.num_blocks, low=1, optional=True)
+        object.__setattr__(self, "num_blocks", num_blocks)
+        for name in ("poison_freed_kv", "cuda_graphs"):
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
         if self.policy not in ADMISSION_POLICIES:
@@ -159,12 +158,6 @@ class EngineConfig:
             raise ValueError(f"eviction must be one of {names}, got {self.eviction!r}")
         if self.device is not None:
             _check_device(self.device)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
-        for name in ("host_kv_blocks", "host_write_through_hits"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         if self.host_kv_blocks and self.cache != "radix":
             raise ValueError(
                 f"host_kv_blocks needs cache='radix', got cache={self.cache!r} "
@@ -174,10 +167,6 @@ class EngineConfig:
             raise ValueError(
                 f"host_write_policy must be one of {WRITE_POLICIES}, got {self.host_write_policy!r}"
             )
-        if not isinstance(self.poison_freed_kv, bool):
-            raise ValueError(f"poison_freed_kv must be a bool, got {self.poison_freed_kv!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs must be a bool, got {self.cuda_graphs!r}")
         if self.poison_freed_kv and not self.host_kv_blocks:
             raise ValueError("poison_freed_kv needs a host tier (host_kv_blocks > 0)")
 
@@ -229,95 +218,16 @@ class _NoObserver:
         pass
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """Aggregate over a set of finished requests (times in seconds).
-
-    ``hit_rate`` is ``cached_tokens / prompt_tokens`` (tokens matched at first
-    admission); ``throughput`` is output tokens per second of ``wall_time``.
-    """
-
-    num_requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_tokens: int
-    decode_tokens: int
-    output_tokens: int
-    preemptions: int
-    wall_time: float
-    ttft_median: float
-    ttft_p90: float
-    decode_tps_median: float
-    throughput: float
-    hit_rate: float
-
-    @classmethod
-    def of(cls, stats: Sequence[RequestStats], wall_time: float) -> EngineStats:
-        nan = float("nan")
-        ttft = np.array([s.ttft for s in stats], dtype=np.float64)
-        tps = np.array([s.decode_tps for s in stats if s.decode_tps == s.decode_tps])
-        prompt = sum(s.prompt_tokens for s in stats)
-        cached = sum(s.cached_tokens for s in stats)
-        output = sum(s.output_tokens for s in stats)
-        return cls(
-            num_requests=len(stats),
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            prefill_tokens=sum(s.prefill_tokens for s in stats),
-            decode_tokens=sum(s.decode_tokens for s in stats),
-            output_tokens=output,
-            preemptions=sum(s.preemptions for s in stats),
-            wall_time=wall_time,
-            ttft_median=float(np.median(ttft)) if ttft.size else nan,
-            ttft_p90=float(np.percentile(ttft, 90)) if ttft.size else nan,
-            decode_tps_median=float(np.median(tps)) if tps.size else nan,
-            throughput=output / wall_time if wall_time > 0 else nan,
-            hit_rate=cached / prompt if prompt else 0.0,
-        )
-
-
-@dataclass(frozen=True)
-class TierStats:
-    """The prefix cache's hits by tier and the traffic between tiers (tokens unless noted).
-
-    ``device_hit_tokens`` were matched on the device; ``host_hit_tokens`` were
-    found in host memory (and reloaded, unless the pool could not take them);
-    ``loaded_tokens`` / ``loaded_bytes`` moved host to device; ``backed_up_*``
-    device to host; ``skipped_backup_blocks`` left the device with no host copy
-    (no host space). Zeros without a host tier, but for the device hits.
-    """
-
-    device_hit_tokens: int
-    host_hit_tokens: int
-    loaded_tokens: int
-    loaded_bytes: int
-    backed_up_blocks: int
-    backed_up_bytes: int
-    skipped_backup_blocks: int
-    host_blocks: int
-
-    @classmethod
-    def of(cls, stats: CacheStats, block_size: int, bytes_per_block: int) -> TierStats:
-        return cls(
-            device_hit_tokens=stats.hit_tokens,
-            host_hit_tokens=stats.host_hit_tokens,
-            loaded_tokens=stats.loaded_blocks * block_size,
-            loaded_bytes=stats.loaded_blocks * bytes_per_block,
-            backed_up_blocks=stats.backed_up_blocks,
-            backed_up_bytes=stats.backed_up_blocks * bytes_per_block,
-            skipped_backup_blocks=stats.skipped_backup_blocks,
-            host_blocks=stats.host_blocks,
-        )
-
-
 class Engine:
     """Generates from token-id prompts (or text, given a tokenizer) with continuous batching.
 
     ``model`` has the :class:`radixkv.model.Decoder` surface: ``forward(batch,
-    kv) -> logits [num_seqs, vocab]`` and ``make_kv_pool(num_blocks,
-    block_size, dtype, device)``. ``cache_factory`` (``allocator -> cache``)
+    kv_pool) -> logits [num_seqs, vocab]`` and ``make_kv_pool(num_blocks,
+    block_size, dtype, device)``. The pool's tensors are ``kv_pool`` (a host tier's,
+    ``host_kv_pool``); every block a request holds is in ``kv_manager``, over
+    ``cache`` and ``allocator``. ``cache_factory`` (``allocator -> cache``)
     overrides ``config.cache`` with any object of the
-    :class:`~radixkv.cache.protocol.PrefixCache` surface (``ValueError`` with a
+    :class:`~radixkv.cache.prefix_cache.PrefixCache` surface (``ValueError`` with a
     host tier in ``config``, which only the built-in radix cache has). ``events``
     (a ``ChainHasher``) turns the radix cache's KV events on
     (``engine.cache.take_events()``); ``ValueError`` for another cache.
@@ -350,11 +260,11 @@ class Engine:
             num_blocks = cfg.kv_memory_bytes // per_block
             if num_blocks < 1:
                 raise ValueError(f"kv_memory_bytes={cfg.kv_memory_bytes} is below one block")
-        self.kv = model.make_kv_pool(
+        self.kv_pool: KVPool = model.make_kv_pool(
             num_blocks, cfg.block_size, dtype=cfg.kv_dtype, device=cfg.device
         )
         allocator = BlockAllocator(num_blocks, cfg.block_size)
-        self.host_kv: KVPool | None = None
+        self.host_kv_pool: KVPool | None = None
         if cache_factory is not None:
             cache = cache_factory(allocator)
             cache = NullCache(allocator) if cache is None else cache
@@ -376,7 +286,7 @@ class Engine:
         )
         self.runner: EagerRunner | GraphRunner = make_model_runner(
             model,
-            self.kv,
+            self.kv_pool,
             cuda_graphs=cfg.cuda_graphs,
             max_num_seqs=cfg.max_num_seqs,
             max_context_len=cfg.cuda_graph_max_context,
@@ -391,28 +301,38 @@ class Engine:
         self._generators: dict[int, torch.Generator] = {}  # sampled requests, until they end
 
     def _host_tier(self) -> HostTier | None:
-        """The host tier ``config`` asks for (its pool in ``self.host_kv``), or None."""
+        """The host tier ``config`` asks for (its pool in ``self.host_kv_pool``), or None."""
         cfg = self.config
         if not cfg.host_kv_blocks:
             return None
-        kv = self.kv
-        self.host_kv = self.model.make_kv_pool(
-            cfg.host_kv_blocks, cfg.block_size, dtype=kv.dtype, device="cpu"
+        self.host_kv_pool = self.model.make_kv_pool(
+            cfg.host_kv_blocks, cfg.block_size, dtype=self.kv_pool.dtype, device="cpu"
         )
         return HostTier(
             BlockAllocator(cfg.host_kv_blocks, cfg.block_size),
-            KVCopier(kv, self.host_kv, poison=cfg.poison_freed_kv),
+            KVCopier(self.kv_pool, self.host_kv_pool, poison=cfg.poison_freed_kv),
             cfg.host_write_policy,
             cfg.host_write_through_hits,
         )
 
     def tier_stats(self) -> TierStats:
         """Where the cache's hits came from and what moved between the tiers, since start."""
-        return TierStats.of(self.cache.stats, self.config.block_size, self.kv.bytes_per_block)
+        bytes_per_block = self.kv_pool.bytes_per_block
+        return TierStats.of(self.cache.stats, self.config.block_size, bytes_per_block)
+
+    @property
+    def kv(self) -> KVPool:
+        """``kv_pool`` under its name before issue 23 (kept for one release)."""
+        return self.kv_pool
+
+    @property
+    def host_kv(self) -> KVPool | None:
+        """``host_kv_pool`` under its name before issue 23 (kept for one release)."""
+        return self.host_kv_pool
 
     @property
     def allocator(self) -> BlockAllocator:
-        """The block pool's bookkeeping (the KV tensors are ``self.kv``)."""
+        """The block pool's bookkeeping (the KV tensors are ``self.kv_pool``)."""
         return self.kv_manager.allocator
 
     @property

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def build_forward_batch(
     out: SchedulerOutput,
-    kv: KVCacheManager,
+    kv_manager: KVCacheManager,
     device: torch.device,
     *,
     backend: str,
@@ -42,12 +42,12 @@ def build_forward_batch(
 ) -> ForwardBatch:
     """The batch the model runs for ``out``, on ``device`` (see :meth:`ForwardBatch.build`).
 
-    Each sequence's block table is its request's in ``kv``, so cached positions
+    Each sequence's block table is its request's in ``kv_manager``, so cached positions
     (the matched blocks at the head of the table) are read from the cache's
-    blocks; ``block_size``/``num_blocks`` are ``kv``'s (the pool's). ``backend``
+    blocks; ``block_size``/``num_blocks`` are ``kv_manager``'s (the pool's). ``backend``
     and ``group_size`` are the model's (``Decoder.backend_for``,
     ``ModelConfig.group_size``). Raises ``ValueError`` if ``out`` is inconsistent
-    (a table too short, a block outside the pool). Reads ``kv``, never mutates it.
+    (a table too short, a block outside the pool). Reads ``kv_manager``, never mutates it.
     Complexity: O(num_tokens + total context / block_size).
     """
     seqs = out.seqs
@@ -55,9 +55,9 @@ def build_forward_batch(
         np.concatenate([s.request.tokens[s.start : s.stop] for s in seqs]),
         [s.num_new_tokens for s in seqs],
         [s.stop for s in seqs],
-        [kv.block_table(s.request.request_id) for s in seqs],
-        block_size=kv.block_size,
-        num_blocks=kv.allocator.num_blocks,
+        [kv_manager.block_table(s.request.request_id) for s in seqs],
+        block_size=kv_manager.block_size,
+        num_blocks=kv_manager.allocator.num_blocks,
         backend=backend,
         group_size=group_size,
         device=device,
@@ -77,20 +77,22 @@ class ModelRunner(Protocol):
 
 
 class EagerRunner:
-    """Builds each step's batch for the model's backend and calls ``model.forward``."""
+    """Builds each step's batch for the model's backend and calls ``model.forward`` over
+    ``kv_pool``."""
 
-    def __init__(self, model: torch.nn.Module, kv: KVPool) -> None:
-        self.model, self.kv = model, kv
+    def __init__(self, model: torch.nn.Module, kv_pool: KVPool) -> None:
+        self.model, self.kv_pool = model, kv_pool
 
     def forward(self, out: SchedulerOutput, kv_manager: KVCacheManager) -> torch.Tensor:
+        device = self.kv_pool.device
         batch = build_forward_batch(
             out,
             kv_manager,
-            self.kv.device,
-            backend=self.model.backend_for(self.kv.device),
+            device,
+            backend=self.model.backend_for(device),
             group_size=self.model.config.group_size,
         )
-        return self.model.forward(batch, self.kv)
+        return self.model.forward(batch, self.kv_pool)
 
 
 class GraphRunner:
@@ -127,7 +129,7 @@ class GraphRunner:
 
 def make_model_runner(
     model: torch.nn.Module,
-    kv: KVPool,
+    kv_pool: KVPool,
     *,
     cuda_graphs: bool,
     max_num_seqs: int,
@@ -143,10 +145,10 @@ def make_model_runner(
     (capped at the pool's size); its time is logged and kept in
     ``runner.graphs.capture_seconds``.
     """
-    eager = EagerRunner(model, kv)
-    if not cuda_graphs or kv.device.type != "cuda":
+    eager = EagerRunner(model, kv_pool)
+    if not cuda_graphs or kv_pool.device.type != "cuda":
         return eager
-    backend = model.backend_for(kv.device)
+    backend = model.backend_for(kv_pool.device)
     if backend != "triton":
         log.info(
             "CUDA graphs need the 'triton' attention backend (got %r): running eagerly", backend
@@ -154,7 +156,8 @@ def make_model_runner(
         return eager
     from radixkv.model.cuda_graphs import DecodeGraphs
 
-    graphs = DecodeGraphs(model, kv, max_num_seqs, min(max_context_len, kv.num_slots), capture=True)
+    max_context_len = min(max_context_len, kv_pool.num_slots)
+    graphs = DecodeGraphs(model, kv_pool, max_num_seqs, max_context_len, capture=True)
     log.info(
         "captured CUDA graphs for decode batch sizes %s (contexts up to %d) in %.2f s",
         graphs.sizes,

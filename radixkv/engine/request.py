@@ -2,7 +2,7 @@
 
 Plain ints and numpy only: no tensor lives here. A request's token buffer is
 ``prompt + output``; ``num_computed_tokens`` of them have K/V in the pool (in the
-blocks the :class:`~radixkv.engine.kv_manager.KVCacheManager` holds for it), and the
+blocks the :class:`~radixkv.cache.manager.KVCacheManager` holds for it), and the
 scheduler's job is to bring ``num_computed_tokens`` up to ``num_tokens`` (prefill
 chunks, then one decode token per step).
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
-from radixkv.cache.protocol import check_namespace
+from radixkv.cache.prefix_cache import check_namespace
+from radixkv.checks import check_int, check_ints, check_number
 
 __all__ = [
     "FinishReason",
@@ -79,39 +79,31 @@ class SamplingParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        _check_int("max_new_tokens", self.max_new_tokens, low=1)
-        _check_real("temperature", self.temperature)
-        if self.temperature < 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        _check_real("top_p", self.top_p)
+        # The checks only refuse: a field keeps the value given (token ids excepted).
+        check_int("max_new_tokens", self.max_new_tokens, low=1)
+        check_number("temperature", self.temperature, low=0)
+        check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None:
-            _check_int("seed", self.seed, low=SEED_MIN, high=SEED_MAX)
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        check_int("seed", self.seed, low=SEED_MIN, high=SEED_MAX, optional=True)
         stops = self.stop_token_ids
         if isinstance(stops, (str, bytes)) or not isinstance(stops, Iterable):
             raise ValueError(f"stop_token_ids must be a sequence of ints, got {stops!r}")
-        stops = tuple(stops)
-        for t in stops:
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-                raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+        stops = tuple(check_ints("stop_token_ids", stops, low=0))
+        object.__setattr__(self, "stop_token_ids", stops)
         # looked up once per generated token: a set, whatever the list's length
         object.__setattr__(self, "_stop_set", frozenset(self.stop_token_ids))
-        _check_int("top_k", self.top_k, low=0)
-        _check_real("min_p", self.min_p)
+        check_int("top_k", self.top_k, low=0)
+        check_number("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        _check_real("repetition_penalty", self.repetition_penalty)
-        if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        _check_real("presence_penalty", self.presence_penalty)
-        _check_real("frequency_penalty", self.frequency_penalty)
+            raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        check_number("repetition_penalty", self.repetition_penalty, low=0, strict=True)
+        check_number("presence_penalty", self.presence_penalty)
+        check_number("frequency_penalty", self.frequency_penalty)
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
-        _check_int("min_tokens", self.min_tokens, low=0, high=self.max_new_tokens)
-        _check_int("top_logprobs", self.top_logprobs, low=0)
-        if self.prompt_logprobs is not None:
-            _check_int("prompt_logprobs", self.prompt_logprobs, low=0)
+        check_int("min_tokens", self.min_tokens, low=0, high=self.max_new_tokens)
+        check_int("top_logprobs", self.top_logprobs, low=0)
+        check_int("prompt_logprobs", self.prompt_logprobs, low=0, optional=True)
 
     def is_stop(self, token: int) -> bool:
         """Whether ``token`` is one of ``stop_token_ids``. Complexity: O(1)."""
@@ -170,10 +162,8 @@ def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
         if not isinstance(item, tuple) or len(item) != 2:
             raise ValueError(f"logit_bias must hold (token, bias) pairs, got {item!r}")
         token, value = item
-        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
-            raise ValueError(f"logit_bias token ids must be non-negative ints, got {token!r}")
-        _check_real("logit_bias", value)
-        pairs[int(token)] = float(value)
+        token = check_int("logit_bias token id", token, low=0)
+        pairs[token] = check_number(f"logit_bias[{token}]", value)
     return tuple(sorted(pairs.items()))
 
 
@@ -190,23 +180,6 @@ class PromptLogprobs:
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
-
-
-def _check_int(name: str, value: object, *, low: int, high: int | None = None) -> None:
-    """``ValueError`` naming ``name`` unless ``low <= value <= high``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-
-
-def _check_real(name: str, value: object) -> None:
-    """``ValueError`` naming ``name`` unless ``value`` is a finite real."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
 
 
 class RequestStatus(enum.Enum):
@@ -251,7 +224,7 @@ _ids = itertools.count()
 class Request:
     """A prompt being served: its tokens, progress and timing.
 
-    Its blocks live in the scheduler's :class:`~radixkv.engine.kv_manager.KVCacheManager`
+    Its blocks live in the scheduler's :class:`~radixkv.cache.manager.KVCacheManager`
     under ``request_id``. ``namespace`` (a tenant, a LoRA adapter, a cache salt; any
     hashable) scopes its cache lookups: requests of different namespaces share nothing.
     """

@@ -1,7 +1,7 @@
 """Scheduler: continuous batching over a KV cache manager.
 
 Bookkeeping only (plain ints and numpy; no tensor here). Every block a request
-holds lives in the :class:`~radixkv.engine.kv_manager.KVCacheManager`; the scheduler
+holds lives in the :class:`~radixkv.cache.manager.KVCacheManager`; the scheduler
 decides who runs and asks the manager for blocks. Each step:
 
 1. ``schedule()`` gives running requests their tokens first, in admission order
@@ -43,10 +43,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from radixkv.cache.allocator import BlockAllocator, InvariantError
+from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.manager import KVCacheManager
-from radixkv.cache.protocol import PrefixCache
+from radixkv.cache.prefix_cache import PrefixCache
+from radixkv.checks import check_bool, check_int
 from radixkv.engine.request import FinishReason, Request, RequestStatus
+from radixkv.errors import InvariantError
 
 __all__ = [
     "ADMISSION_POLICIES",
@@ -89,15 +91,11 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "lpm_max_wait_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), low=1))
         if self.policy not in ADMISSION_POLICIES:
             raise ValueError(f"policy must be one of {ADMISSION_POLICIES}, got {self.policy!r}")
-        if not isinstance(self.wait_for_shared_prefill, bool):
-            raise ValueError(
-                f"wait_for_shared_prefill must be a bool, got {self.wait_for_shared_prefill!r}"
-            )
+        wait = check_bool("wait_for_shared_prefill", self.wait_for_shared_prefill)
+        object.__setattr__(self, "wait_for_shared_prefill", wait)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
+
+from radixkv.checks import check_bool, check_int, check_number
 
 __all__ = ["SMALL_CONFIG", "ModelConfig"]
 
@@ -34,10 +35,8 @@ class ModelConfig:
     mlp_bias: bool = False
 
     def __post_init__(self) -> None:
-        for f in fields(self)[:7]:
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{f.name} must be a positive int, got {value!r}")
+        for f in fields(self)[:7]:  # the shape: stored as plain ints
+            object.__setattr__(self, f.name, check_int(f.name, getattr(self, f.name), low=1))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
@@ -45,12 +44,9 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         for name in ("rope_theta", "rms_norm_eps"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+            check_number(name, getattr(self, name), low=0, strict=True)
         for name in ("tie_word_embeddings", "qk_norm", "qkv_bias", "o_bias", "mlp_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
 
     @property
     def group_size(self) -> int:

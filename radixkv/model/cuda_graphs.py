@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from radixkv.checks import check_int
 from radixkv.model.forward_batch import ForwardBatch
 from radixkv.model.kvpool import KVPool
 
@@ -63,10 +64,7 @@ def graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
     >>> graph_batch_sizes(20)
     (1, 2, 4, 8, 16, 20)
     """
-    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int):
-        raise ValueError(f"max_batch_size must be a positive int, got {max_batch_size!r}")
-    if max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be a positive int, got {max_batch_size!r}")
+    max_batch_size = check_int("max_batch_size", max_batch_size, low=1)
     sizes = [s for s in (1, 2, 4) if s < max_batch_size]
     sizes += range(8, max_batch_size, 8)
     return (*sizes, max_batch_size)
@@ -183,10 +181,8 @@ class DecodeGraphs:
                 "CUDA graphs need the 'triton' attention backend, the model runs "
                 f"{model.backend_for(kv.device)!r}"
             )
-        if isinstance(max_context_len, bool) or not isinstance(max_context_len, int):
-            raise ValueError(f"max_context_len must be a positive int, got {max_context_len!r}")
-        if max_context_len < 1:
-            raise ValueError(f"max_context_len must be a positive int, got {max_context_len!r}")
+        max_batch_size = check_int("max_batch_size", max_batch_size, low=1)
+        max_context_len = check_int("max_context_len", max_context_len, low=1)
         if capture and kv.device.type != "cuda":
             raise ValueError(f"capture=True needs a CUDA pool, got one on {kv.device}")
         self.model, self.kv = model, kv

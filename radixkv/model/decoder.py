@@ -24,6 +24,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from radixkv.checks import check_number
 from radixkv.model.attention import dense_causal_attention, paged_attention
 from radixkv.model.cascade import cascade_attention
 from radixkv.model.config import ModelConfig
@@ -356,8 +357,7 @@ def random_model(
     Hugging Face's 0.02, which hides RoPE and GQA bugs); embeddings ``N(0, 1)``;
     norm weights ``U(0.5, 1.5)``.
     """
-    if std is not None and not std > 0:
-        raise ValueError(f"std must be positive, got {std!r}")
+    check_number("std", std, low=0, strict=True, optional=True)
     std = 1.5 / math.sqrt(config.hidden_size) if std is None else std
     model = Decoder(config, attention_backend)
     gen = torch.Generator().manual_seed(seed)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from radixkv.checks import check_int, check_ints, is_int
 from radixkv.model.attention import (
     ATTENTION_BACKENDS,
     AttentionMetadata,
@@ -52,19 +53,12 @@ def triton_backend_runs_on(device: torch.device | str) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" or torch.device(device).type == "cuda"
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
 def _int_list(name: str, values: Sequence[int]) -> list[int]:
-    out = []
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int | np.integer):
-            raise ValueError(f"{name}[{i}] must be an int, got {v!r}")
-        out.append(int(v))
-    return out
+    """``values`` as plain ints; ``check_ints``' error naming the first non-int."""
+    # one pass of is_int on the step's path; check_ints (a name per element) only to raise
+    if all(map(is_int, values)):
+        return [int(v) for v in values]
+    return check_ints(name, values)
 
 
 def _int_array(name: str, values: object) -> np.ndarray:
@@ -171,9 +165,9 @@ class ForwardBatch:
         >>> b.positions.tolist(), b.slot_mapping.tolist()
         ([4, 5, 2], [24, 25, 22])
         """
-        bs = _positive_int("block_size", block_size)
-        num_blocks = _positive_int("num_blocks", num_blocks)
-        group_size = _positive_int("group_size", group_size)
+        bs = check_int("block_size", block_size, low=1)
+        num_blocks = check_int("num_blocks", num_blocks, low=1)
+        group_size = check_int("group_size", group_size, low=1)
         if backend not in DECODER_BACKENDS:
             raise ValueError(f"backend must be one of {DECODER_BACKENDS}, got {backend!r}")
         ids = _int_array("input_ids", input_ids)

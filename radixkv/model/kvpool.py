@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from radixkv.checks import check_int
+from radixkv.errors import invariant
+
 __all__ = ["KVPool", "default_device"]
 
 
 def default_device() -> torch.device:
     """``cuda`` when a GPU is visible, else ``cpu``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 class KVPool:
@@ -43,14 +41,16 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        for name, value in (
-            ("num_layers", num_layers),
-            ("num_blocks", num_blocks),
-            ("block_size", block_size),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-        ):
-            _positive(name, value)
+        num_layers, num_blocks, block_size, num_kv_heads, head_dim = (
+            check_int(name, value, low=1)
+            for name, value in (
+                ("num_layers", num_layers),
+                ("num_blocks", num_blocks),
+                ("block_size", block_size),
+                ("num_kv_heads", num_kv_heads),
+                ("head_dim", head_dim),
+            )
+        )
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.num_layers = num_layers
@@ -92,7 +92,7 @@ class KVPool:
 
         Raises ``ValueError`` if not even one block fits.
         """
-        _positive("budget_bytes", budget_bytes)
+        budget_bytes = check_int("budget_bytes", budget_bytes, low=1)
         per_block = cls.block_bytes(num_layers, block_size, num_kv_heads, head_dim, dtype)
         num_blocks = budget_bytes // per_block
         if num_blocks < 1:
@@ -126,12 +126,15 @@ class KVPool:
         return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
 
     def check(self) -> None:
-        """Assert the tensors' count, shape, dtype and device match the pool's attributes."""
+        """Verify the tensors' count, shape, dtype and device match the pool's attributes;
+        ``InvariantError`` naming the first that does not. O(num_layers)."""
         shape = (self.num_slots, self.num_kv_heads, self.head_dim)
-        assert len(self.k) == len(self.v) == self.num_layers
+        n = self.num_layers
+        invariant(len(self.k) == len(self.v) == n, f"{len(self.k)} K, {len(self.v)} V for {n}")
         for t in (*self.k, *self.v):
-            assert tuple(t.shape) == shape, (tuple(t.shape), shape)
-            assert t.dtype == self.dtype and t.device == self.device
+            invariant(tuple(t.shape) == shape, f"a tensor of shape {tuple(t.shape)}, not {shape}")
+            invariant(t.dtype == self.dtype, f"a tensor of dtype {t.dtype}, not {self.dtype}")
+            invariant(t.device == self.device, f"a tensor on {t.device}, not {self.device}")
 
     def __repr__(self) -> str:
         return (

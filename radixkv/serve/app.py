@@ -33,6 +33,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from radixkv.checks import check_int
 from radixkv.engine.request import SamplingParams
 from radixkv.serve.async_engine import AsyncEngine
 from radixkv.serve.client import RequestOutput
@@ -98,18 +99,12 @@ def build_app(
         raise ValueError(f"model_name must be a non-empty str, got {model_name!r}")
     if (problem := utf8_problem(model_name)) is not None:  # every response carries it
         raise ValueError(f"model_name: {problem}")
+    max_body_bytes = check_int("max_body_bytes", max_body_bytes, low=1, optional=True)
+    max_model_len = check_int("max_model_len", max_model_len, low=1, optional=True)
     client = _EngineClient(engine)
     if max_body_bytes is None:
         max_body_bytes = default_max_body_bytes(client.max_model_len)
-    elif isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
-        raise TypeError(f"max_body_bytes must be an int, got {type(max_body_bytes).__name__}")
-    elif max_body_bytes < 1:
-        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     body_limit = max_body_bytes
-    if max_model_len is not None and (
-        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
-    ):
-        raise ValueError(f"max_model_len must be a positive int or None, got {max_model_len!r}")
     metrics = ServerMetrics(model_name, metrics_prefix, max_model_len or client.max_model_len)
     api = OpenAIHandlers(client, model_name, context_len=max_model_len, metrics=metrics.requests)
     has_host_tier = engine.engine.config.host_kv_blocks > 0

@@ -43,7 +43,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from radixkv.cache.protocol import check_namespace
+from radixkv.cache.prefix_cache import check_namespace
 from radixkv.engine.engine import Engine, check_prompt_logprobs
 from radixkv.engine.request import Request, SamplingParams
 from radixkv.serve.client import EngineMetrics

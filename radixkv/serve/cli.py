@@ -1,7 +1,8 @@
 """``radixkv serve``: an OpenAI-compatible server for one model (or a fleet of replicas).
 
-One replica: the engine (the model of :func:`radixkv.model.loading.load_model`) behind
-:func:`radixkv.serve.app.build_app`, served by uvicorn. The port is bound and the
+One replica: the engine of :func:`radixkv.serve.models.build_engine` (over the model of
+:func:`radixkv.model.loading.load_model`) behind :func:`radixkv.serve.app.build_app`,
+served by uvicorn. The port is bound and the
 model loaded before the command prints its URL and a ready-to-paste ``curl`` line,
 so a bad flag, a busy port, an unusable ``--model`` or a KV pool (``--num-blocks``,
 ``--host-kv-blocks``) larger than the memory available exits 2 with one line on
@@ -32,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from radixkv.replay.cli_types import fail, int_in, one_line_errors, positive_int
+from radixkv.cli_args import fail, int_in, one_line_errors, positive_int
 
 if TYPE_CHECKING:
     import torch
@@ -132,11 +133,11 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from radixkv.engine.engine import Engine, EngineConfig
         from radixkv.model.loading import load_model
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
         from radixkv.serve.metrics import check_prefix
+        from radixkv.serve.models import build_engine, engine_config
         from radixkv.serve.protocol import utf8_problem
         from radixkv.text.tokenizer import context_length, model_name
     except ImportError as exc:
@@ -154,7 +155,6 @@ def run_serve(args: argparse.Namespace) -> int:
             )
         try:
             from radixkv.fleet.transport import EventPublisher
-            from radixkv.serve.models import event_hasher
         except ImportError as exc:
             return fail(
                 PROG, f"--kv-events needs pyzmq and msgspec ({exc}): pip install 'radixkv[fleet]'"
@@ -168,17 +168,20 @@ def run_serve(args: argparse.Namespace) -> int:
         sock = _listen(args.host, args.port)
     except OSError as exc:
         return fail(PROG, f"--port {args.port}: cannot listen on {args.host}: {exc.strerror}")
+    settings = {
+        "block_size": args.block_size,
+        "num_blocks": args.num_blocks,
+        "max_num_seqs": args.max_num_seqs,
+        "seed": args.seed,
+        "host_kv_blocks": args.host_kv_blocks,
+    }
     try:
-        engine_config = EngineConfig(
-            block_size=args.block_size,
-            num_blocks=args.num_blocks,
-            max_num_seqs=args.max_num_seqs,
-            seed=args.seed,
-            host_kv_blocks=args.host_kv_blocks,
-        )
+        config = engine_config(**settings)
     except ValueError as exc:
         sock.close()
         return fail(PROG, exc)
+    # The model loads here, not in build_engine: the pools are checked against the memory
+    # available between loading it and allocating them.
     try:
         model, tokenizer = load_model(
             args.model, seed=args.seed, special_tokens_in_content=args.special_tokens_in_content
@@ -186,11 +189,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sock.close()
         return fail(PROG, f"--model: {exc}")
-    problem = _kv_memory_problem(args, model, engine_config)
+    problem = _kv_memory_problem(args, model, config)
     if problem is None:
         try:
-            hasher = event_hasher() if endpoints is not None else None
-            engine = Engine(model, engine_config, tokenizer=tokenizer, events=hasher)
+            engine = build_engine((model, tokenizer), events=endpoints is not None, **settings)
         except (MemoryError, RuntimeError) as exc:  # torch's allocation failure, past the check
             problem = f"--num-blocks/--host-kv-blocks: cannot allocate the KV pool: {exc}"
     if problem is not None:

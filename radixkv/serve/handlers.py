@@ -360,7 +360,7 @@ class OpenAIHandlers:
                 prompt_logprobs=max(asks) if asks else None,
             )
         except (TypeError, ValueError) as exc:  # its messages start with the field's name
-            field = str(exc).split(" ", 1)[0]
+            field = str(exc).split(" ", 1)[0].split("[", 1)[0]  # "stop_token_ids[2] must ..."
             raise ApiError(
                 400, str(exc), param=field if field in type(body).model_fields else None
             ) from None

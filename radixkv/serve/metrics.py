@@ -38,7 +38,7 @@ name                                        type       meaning
 
 The gauges and counters come from the engine thread's snapshot
 (:class:`~radixkv.serve.client.EngineMetrics`) and the host tier's
-:class:`~radixkv.engine.engine.TierStats` at scrape time; the histograms and
+:class:`~radixkv.engine.stats.TierStats` at scrape time; the histograms and
 ``request_success`` are recorded by the request handlers as each choice ends
 (:class:`RequestMetrics`), with the finish reason the client saw (a stop string is
 ``stop``). Times from the engine (queue, prefill, decode, between tokens) are its
@@ -58,7 +58,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from radixkv.serve.client import EngineMetrics
 
 if TYPE_CHECKING:
-    from radixkv.engine.engine import TierStats
+    from radixkv.engine.stats import TierStats
     from radixkv.serve.choices import Choice
 
 __all__ = [

@@ -1,44 +1,27 @@
 """What ``radixkv serve --model SPEC`` builds: the engine over the model ``SPEC`` names.
 
-The spec, the tokenizers and the loader moved (issue 23): the torch-free half to
-:mod:`radixkv.text.tokenizer` (:class:`Tokenizer`, :class:`ByteTokenizer`,
-:class:`ChatTokenizer`, :func:`render_chat`, :func:`load_hf_tokenizer`,
-:func:`context_length`, :func:`model_name`), the loader to
-:func:`radixkv.model.loading.load_model` (with :data:`RANDOM_CONFIG`). This module
-re-exports them under their old path for now, and keeps what builds an engine:
-:func:`event_hasher` and :func:`build_engine`.
+The one construction path of a served engine (one server, a fleet's replicas, the
+``radixkv serve`` command): :func:`engine_config` (the pool and batching settings),
+:func:`build_engine` (the model, its tokenizer, the radix cache and its KV events) and
+:func:`event_hasher` (how the cache names blocks). The spec, the tokenizers and the
+loader live below: :mod:`radixkv.text.tokenizer` and :func:`radixkv.model.loading.load_model`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
-from radixkv.cache.events import ChainHasher
+from radixkv.cache.hashing import ChainHasher
 from radixkv.engine.engine import Engine, EngineConfig
-from radixkv.model.loading import RANDOM_CONFIG, load_model
-from radixkv.text.tokenizer import (
-    ByteTokenizer,
-    ChatTokenizer,
-    Tokenizer,
-    context_length,
-    load_hf_tokenizer,
-    model_name,
-    render_chat,
-)
+from radixkv.model.loading import load_model
 
-__all__ = [
-    "RANDOM_CONFIG",
-    "ByteTokenizer",
-    "ChatTokenizer",
-    "Tokenizer",
-    "build_engine",
-    "context_length",
-    "event_hasher",
-    "load_hf_tokenizer",
-    "load_model",
-    "model_name",
-    "render_chat",
-]
+if TYPE_CHECKING:
+    import torch
+
+    from radixkv.text.tokenizer import Tokenizer
+
+__all__ = ["build_engine", "engine_config", "event_hasher"]
 
 
 def event_hasher(seed: int | str = 0) -> ChainHasher:
@@ -48,8 +31,29 @@ def event_hasher(seed: int | str = 0) -> ChainHasher:
     return ChainHasher(name, seed=seed)
 
 
+def engine_config(
+    *,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    seed: int = 0,
+    max_num_seqs: int = 64,
+    host_kv_blocks: int = 0,
+) -> EngineConfig:
+    """The :class:`~radixkv.engine.EngineConfig` a served engine runs with (a radix cache;
+    ``num_blocks`` None sizes the pool from the default KV memory). What
+    :func:`build_engine` builds over, so a caller can check the pool before building
+    (``radixkv serve`` checks it fits in memory). ``ValueError`` naming a bad setting."""
+    return EngineConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        seed=seed,
+        host_kv_blocks=host_kv_blocks,
+    )
+
+
 def build_engine(
-    spec: str,
+    spec: str | tuple[torch.nn.Module, Tokenizer],
     *,
     block_size: int = 16,
     num_blocks: int | None = None,
@@ -59,27 +63,42 @@ def build_engine(
     host_kv_blocks: int = 0,
     special_tokens_in_content: bool = False,
 ) -> Engine:
-    """An :class:`~radixkv.engine.Engine` over ``load_model(spec, seed=seed)``, with its
-    tokenizer set (``engine.tokenizer``) and a radix cache.
+    """An :class:`~radixkv.engine.Engine` over the model ``spec`` names, with its tokenizer
+    set (``engine.tokenizer``) and a radix cache, configured by :func:`engine_config`.
 
-    ``num_blocks`` None sizes the pool from the engine's default KV memory.
-    ``events=True`` builds the cache with KV events on (:func:`event_hasher`, seed
-    0, so every replica names a block alike); ``engine.cache.take_events()``
-    returns them. ``host_kv_blocks`` > 0 adds a host-memory tier of that many
-    blocks (``EngineConfig.host_kv_blocks``). ``special_tokens_in_content`` True lets
-    special-token text in chat messages become special tokens (see
-    :class:`ChatTokenizer`; off by default). ``ValueError`` naming ``spec``
-    (see :func:`load_model`) or the bad setting.
+    ``spec`` is loaded here (``load_model(spec, seed=seed,
+    special_tokens_in_content=...)``: ``special_tokens_in_content`` True lets
+    special-token text in chat messages become special tokens, see
+    :class:`~radixkv.text.tokenizer.ChatTokenizer`), or a ``(decoder, tokenizer)`` pair
+    ``load_model`` returned (``special_tokens_in_content`` was the loader's to apply:
+    ``ValueError`` if given here). ``events=True`` builds the cache with KV events on
+    (:func:`event_hasher`, seed 0, so every replica names a block alike);
+    ``engine.cache.take_events()`` returns them. ``host_kv_blocks`` > 0 adds a
+    host-memory tier of that many blocks. The settings are checked before the model
+    loads: ``ValueError`` naming the bad setting, or ``spec`` (see :func:`load_model`);
+    ``TypeError`` for a ``spec`` that is neither a str nor a pair.
     """
-    config = EngineConfig(
+    config = engine_config(
         block_size=block_size,
         num_blocks=num_blocks,
-        max_num_seqs=max_num_seqs,
         seed=seed,
+        max_num_seqs=max_num_seqs,
         host_kv_blocks=host_kv_blocks,
     )
-    model, tokenizer = load_model(
-        spec, seed=seed, special_tokens_in_content=special_tokens_in_content
-    )
+    if isinstance(spec, str):
+        decoder, tokenizer = load_model(
+            spec, seed=seed, special_tokens_in_content=special_tokens_in_content
+        )
+    elif isinstance(spec, tuple) and len(spec) == 2:
+        if special_tokens_in_content:
+            raise ValueError(
+                "special_tokens_in_content is the loader's: pass it to load_model, "
+                "not with a model it already loaded"
+            )
+        decoder, tokenizer = spec
+    else:
+        raise TypeError(
+            f"spec must be a str or a (decoder, tokenizer) pair, got {type(spec).__name__}"
+        )
     hasher = event_hasher() if events else None
-    return Engine(model, config, tokenizer=tokenizer, events=hasher)
+    return Engine(decoder, config, tokenizer=tokenizer, events=hasher)

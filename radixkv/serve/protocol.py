@@ -47,6 +47,8 @@ from pydantic import (
     model_validator,
 )
 
+from radixkv.checks import is_int
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
@@ -409,7 +411,7 @@ def _token_ids(value: list[Any], where: str) -> list[int]:
     if not value:
         raise ValueError(f"{where} must hold at least one token")
     for k, t in enumerate(value):
-        if isinstance(t, bool) or not isinstance(t, int):
+        if not is_int(t):
             raise ValueError(f"{where}[{k}] must be a token id (an int), got {brief(t)}")
         if t < 0:
             raise ValueError(f"token ids must be >= 0, got {t} at {where}[{k}]")

@@ -19,10 +19,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from radixkv.cache.allocator import InvariantError
 from radixkv.cache.events import KVCacheEvent
 from radixkv.engine.engine import Engine
 from radixkv.engine.request import Request
+from radixkv.errors import InvariantError
 from radixkv.serve.client import EngineMetrics
 from radixkv.serve.stream import Delta
 
@@ -101,8 +101,7 @@ class EngineWorker:
     ``post(outputs)`` receives, after each round, ``(stream_id, Delta or exception)``
     pairs (it must be thread-safe: it is called on the engine thread).
     ``event_sink`` gets the cache's events after each round that produced some
-    (:class:`EventRelay`); ``TypeError`` naming it when ``engine.cache`` hands out no
-    events (no ``take_events``: a cache of ``Engine``'s ``cache_factory``).
+    (:class:`EventRelay`; every ``PrefixCache`` hands out events, ``[]`` with them off).
     ``metrics`` is the latest snapshot; ``dead`` says why :meth:`run` failed.
     """
 
@@ -290,13 +289,7 @@ def _relay(engine: Engine, event_sink: EventSink | None) -> EventRelay | _NoEven
     """The relay of ``engine``'s cache events to ``event_sink`` (none without a sink)."""
     if event_sink is None:
         return NO_EVENT_RELAY
-    cache = engine.cache
-    if not isinstance(cache, EventSource):
-        raise TypeError(
-            f"event_sink needs a cache that hands out KV events (take_events), "
-            f"got engine.cache {type(cache).__name__}"
-        )
-    return EventRelay(cache, event_sink)
+    return EventRelay(engine.cache, event_sink)  # every PrefixCache hands out events
 
 
 def _next(commands: queue.SimpleQueue) -> Any:

@@ -8,8 +8,8 @@
   tokenizes and routes.
 - :mod:`~radixkv.serve.ray.request_router`: ``PrefixRouter``, Serve's request router
   running a radixkv policy; its bookkeeping is :class:`~radixkv.fleet.routing_state.RoutingState`
-  and its event streams :class:`~radixkv.fleet.event_feed.EventFeed` (plain, in the
-  fleet tier).
+  and its event streams an :class:`~radixkv.fleet.event_feed.EventFeed` (plain, in the
+  fleet tier) behind ``ReplicaEvents`` (``NoReplicaEvents`` when it reads none).
 - :mod:`~radixkv.serve.ray.router_registry`: the live routers of a process.
 
 Needs the ``serve`` and ``fleet`` extras (Ray Serve). This package's ``__init__``

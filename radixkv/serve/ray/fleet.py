@@ -38,6 +38,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from radixkv.cache.radix import RadixCache
+from radixkv.checks import check_int, check_number
 from radixkv.engine.request import SamplingParams
 from radixkv.fleet.router import ROUTERS
 from radixkv.fleet.transport import EventPublisher
@@ -225,20 +226,11 @@ def build_fleet_app(
     threads (at least one); ``stats_period_s`` is how often Serve polls its
     load. ``ValueError`` naming a bad argument.
     """
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas must be a positive int, got {replicas!r}")
+    replicas = check_int("replicas", replicas, low=1)
     if router not in FLEET_ROUTERS:
         raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
-    if (
-        isinstance(replica_cpus, bool)
-        or not isinstance(replica_cpus, (int, float))
-        or not (replica_cpus > 0)
-    ):
-        raise ValueError(f"replica_cpus must be a positive number, got {replica_cpus!r}")
-    if isinstance(ingress_replicas, bool) or not isinstance(ingress_replicas, int):
-        raise ValueError(f"ingress_replicas must be a positive int, got {ingress_replicas!r}")
-    if ingress_replicas < 1:
-        raise ValueError(f"ingress_replicas must be a positive int, got {ingress_replicas!r}")
+    replica_cpus = check_number("replica_cpus", replica_cpus, low=0, strict=True)
+    ingress_replicas = check_int("ingress_replicas", ingress_replicas, low=1)
     options: dict[str, Any] = {
         "num_replicas": replicas,
         "max_ongoing_requests": 2 * max_num_seqs,  # the engine batches; the rest wait there
@@ -307,8 +299,7 @@ def serve_fleet(
     the machine's CPUs, at most one."""
     if router not in FLEET_ROUTERS:  # before anything starts
         raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas must be a positive int, got {replicas!r}")
+    replicas = check_int("replicas", replicas, low=1)
     started_ray = not ray.is_initialized()
     if started_ray:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -21,7 +21,8 @@ How the pieces meet:
   Serve polls every ``request_routing_stats_period_s``: a second or more
   stale, fine for load, not for cache contents.
 - **Cache contents** come from each replica's KV event stream, read on a
-  background thread (:class:`~radixkv.fleet.event_feed.EventFeed`) and
+  background thread (:class:`~radixkv.fleet.event_feed.EventFeed`, through
+  :class:`ReplicaEvents`; :class:`NoReplicaEvents` for a router that reads none) and
   applied on the router's loop before each decision; the ``exact`` policy's
   speculative entries cover the time until a replica's events arrive.
 - **In flight** is the router's own count
@@ -51,22 +52,24 @@ from typing import Any
 import numpy as np
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from radixkv.cache.events import CHAIN_HASHES, ChainHasher
-from radixkv.fleet.event_feed import EventFeed
-from radixkv.fleet.protocol import Router, RouteRequest
+from radixkv.cache.hashing import CHAIN_HASHES, ChainHasher
+from radixkv.checks import check_int, check_number, is_int
+from radixkv.fleet.event_feed import EventFeed, FeedItem
 from radixkv.fleet.router import ROUTERS, make_router
+from radixkv.fleet.routing import Router, RouteRequest
 from radixkv.fleet.routing_state import RoutingState
 from radixkv.serve.ray import router_registry
 
-__all__ = ["PrefixRouter", "PrefixRouterConfig", "ReplicaInfo", "route_request_of"]
+__all__ = [
+    "NoReplicaEvents",
+    "PrefixRouter",
+    "PrefixRouterConfig",
+    "ReplicaEvents",
+    "ReplicaInfo",
+    "route_request_of",
+]
 
 log = logging.getLogger(__name__)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -95,20 +98,26 @@ class PrefixRouterConfig:
     def __post_init__(self) -> None:
         if self.policy not in ROUTERS:
             raise ValueError(f"policy must be one of {sorted(ROUTERS)}, got {self.policy!r}")
-        _positive_int("block_size", self.block_size)
+        # numbers are stored as plain ints and floats: the config travels as JSON
+        block_size = check_int("block_size", self.block_size, low=1)
         if self.hash_name not in CHAIN_HASHES:
             raise ValueError(f"hash_name must be one of {CHAIN_HASHES}, got {self.hash_name!r}")
-        if isinstance(self.hash_seed, bool) or not isinstance(self.hash_seed, (int, str)):
+        if not (is_int(self.hash_seed) or isinstance(self.hash_seed, str)):
             raise ValueError(f"hash_seed must be an int or a str, got {self.hash_seed!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        seed = check_int("seed", self.seed)
         if not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict, got {self.options!r}")
         if self.events is not None and not isinstance(self.events, bool):
             raise ValueError(f"events must be a bool or None, got {self.events!r}")
-        ttl = self.pending_ttl_s
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-            raise ValueError(f"pending_ttl_s must be a positive number, got {ttl!r}")
+        ttl = check_number("pending_ttl_s", self.pending_ttl_s, low=0, strict=True, finite=False)
+        hash_seed = self.hash_seed if isinstance(self.hash_seed, str) else int(self.hash_seed)
+        for name, value in (
+            ("block_size", block_size),
+            ("seed", seed),
+            ("hash_seed", hash_seed),
+            ("pending_ttl_s", ttl),
+        ):
+            object.__setattr__(self, name, value)
 
     @property
     def subscribes(self) -> bool:
@@ -204,6 +213,68 @@ def _uid(replica_id: ReplicaID) -> str:
     return replica_id.unique_id
 
 
+class ReplicaEvents:
+    """The replicas' KV event streams a router reads: an :class:`EventFeed` over every
+    replica that publishes events and names blocks as ``config`` hashes requests.
+
+    A replica that hashes otherwise is logged (an error: its cache is not indexed) and
+    not subscribed. Methods as :class:`EventFeed`'s; :meth:`close` is idempotent.
+    """
+
+    def __init__(self, config: PrefixRouterConfig) -> None:
+        self.config = config
+        self.feed = EventFeed()
+
+    def join(self, replica_id: str, info: ReplicaInfo) -> None:
+        """Subscribe to ``replica_id``'s events (``info``: what it told Serve), if it publishes
+        any and hashes blocks as the router does."""
+        if info.event_endpoint is None:
+            return
+        if not info.matches(self.config):
+            log.error(
+                "replica %s hashes blocks as (block_size=%s, %s, seed=%r), the router as "
+                "(block_size=%s, %s, seed=%r): its cache is not indexed",
+                replica_id,
+                info.block_size,
+                info.hash_name,
+                info.hash_seed,
+                self.config.block_size,
+                self.config.hash_name,
+                self.config.hash_seed,
+            )
+            return
+        self.feed.add(replica_id, info.event_endpoint, info.replay_endpoint)
+
+    def forget(self, replica_id: str) -> None:
+        """Stop reading ``replica_id``'s events (no-op for one not subscribed)."""
+        self.feed.remove(replica_id)
+
+    def drain(self) -> list[FeedItem]:
+        """What arrived since the last drain, oldest first. Never blocks."""
+        return self.feed.drain()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the feed's thread and its subscribers."""
+        self.feed.close(timeout)
+
+
+class NoReplicaEvents:
+    """The events of a router that reads none (``PrefixRouterConfig.subscribes`` false):
+    joins nothing, logs nothing, drains nothing. :class:`ReplicaEvents`' surface."""
+
+    def join(self, replica_id: str, info: ReplicaInfo) -> None:
+        pass
+
+    def forget(self, replica_id: str) -> None:
+        pass
+
+    def drain(self) -> list[FeedItem]:
+        return []
+
+    def close(self, timeout: float = 5.0) -> None:
+        pass
+
+
 class PrefixRouter(RequestRouter):
     """A Serve request router that routes with a radixkv policy (see the module docstring).
 
@@ -228,12 +299,18 @@ class PrefixRouter(RequestRouter):
             confirmations=self._use_replica_queue_len_cache,
             pending_ttl_s=self.config.pending_ttl_s,
         )
-        self._feed: EventFeed | None = None
-        if self.config.subscribes:
-            self._feed = EventFeed()
-            weakref.finalize(self, self._feed.close, 1.0)  # Serve has no shutdown hook
+        self.replica_events: ReplicaEvents | NoReplicaEvents = (
+            ReplicaEvents(self.config) if self.config.subscribes else NoReplicaEvents()
+        )
+        # Serve has no shutdown hook: the feed's thread ends with the router, or on close()
+        self._finalizer = weakref.finalize(self, self.replica_events.close, 1.0)
         self._loop: asyncio.AbstractEventLoop | None = None
         router_registry.register(self)
+
+    def close(self) -> None:
+        """Stop reading the replicas' event streams now (else when the router is collected).
+        Idempotent; the router routes by what it has indexed so far afterwards."""
+        self._finalizer()
 
     @property
     def deployment_id(self) -> Any:
@@ -260,27 +337,14 @@ class PrefixRouter(RequestRouter):
 
     def _join(self, replica_id: str, replica: RunningReplica) -> None:
         info = ReplicaInfo.from_metadata(replica.replica_metadata)
-        self.state.add_replica(replica_id, info.capacity_blocks if info else 0)
-        if info is None or self._feed is None or info.event_endpoint is None:
+        if info is None:  # no metadata: routed by load only
+            self.state.add_replica(replica_id, 0)
             return
-        if not info.matches(self.config):
-            log.error(
-                "replica %s hashes blocks as (block_size=%s, %s, seed=%r), the router as "
-                "(block_size=%s, %s, seed=%r): its cache is not indexed",
-                replica_id,
-                info.block_size,
-                info.hash_name,
-                info.hash_seed,
-                self.config.block_size,
-                self.config.hash_name,
-                self.config.hash_seed,
-            )
-            return
-        self._feed.add(replica_id, info.event_endpoint, info.replay_endpoint)
+        self.state.add_replica(replica_id, info.capacity_blocks)
+        self.replica_events.join(replica_id, info)
 
     def _forget(self, replica_id: str) -> None:
-        if self._feed is not None:
-            self._feed.remove(replica_id)
+        self.replica_events.forget(replica_id)
         self.state.drop_replica(replica_id)
 
     # ------------------------------------------------------------ routing
@@ -296,10 +360,9 @@ class PrefixRouter(RequestRouter):
     def _catch_up(self) -> None:
         """Apply the events that arrived since the last call (a batch the policy fails on is
         logged and skipped: the others still apply)."""
-        if self._feed is not None:
-            for replica_id, item in self._feed.drain():
-                with self._contained(f"applying replica {replica_id}'s events"):
-                    self.state.apply(replica_id, item)
+        for replica_id, item in self.replica_events.drain():
+            with self._contained(f"applying replica {replica_id}'s events"):
+                self.state.apply(replica_id, item)
 
     async def choose_replicas(
         self,
