@@ -311,3 +311,34 @@ def test_block_hashes_are_what_each_mediums_events_net_out_to():
     assert cache.block_hashes("CPU") == []
     with pytest.raises(ValueError, match="medium"):
         cache.block_hashes("disk")
+
+
+def test_host_eviction_keeps_its_index_when_the_index_is_rebuilt_mid_loop(monkeypatch):
+    # Regression: HostCopies.evict popped from a local alias of its index. Re-filing a stale
+    # entry can rebuild the index (mostly dead entries), after which the entries skipped
+    # for a load went back into the discarded list and dropped out of the index. The
+    # rebuild is forced here on every re-file to take that path deterministically.
+    from sortedcontainers import SortedList
+
+    from radixkv.cache.host_copies import HostCopies
+
+    index = HostCopies._index
+
+    def index_and_rebuild(self, node):
+        index(self, node)
+        self._leaves = SortedList(e for e in self._leaves if e[-1].host_entry is e)
+
+    cache, dev, _ = tiered(num_device=4, num_host=8)
+    put(cache, dev, [1, 2])  # leaf a, the older
+    put(cache, dev, [3, 4])  # leaf b
+    cache.evict(2)  # both go to host only
+    host = cache._host  # a test's look inside: which host nodes are filed, and in what order
+    a, b = sorted((e[-1] for e in host._leaves), key=lambda n: n.last_access)
+    b.last_access += 100  # b's filed key is now stale, a's still fresh and first in line
+    monkeypatch.setattr(HostCopies, "_index", index_and_rebuild)
+    host.hold([a])  # a load holds a: evict skips it, re-files b (and rebuilds), frees b
+    assert cache.evict_host(1) == 1 and b.host is None
+    host.release([a])
+    cache.check()  # every host candidate is indexed: a was put back into the live index
+    assert cache.evict_host(10) == 1 and a.host is None  # and a is still evictable
+    cache.check()

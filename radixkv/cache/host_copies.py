@@ -222,15 +222,16 @@ class HostCopies:
         the node stays). Nodes a load holds are skipped. Returns the host blocks
         freed. Complexity: O((freed + skipped candidates) * log candidates).
         """
-        leaves = self._leaves
+        # self._leaves, never a local alias: re-filing an entry (self._index) may rebuild
+        # the index into a new list, and what this loop pops and puts back must be that one.
         key = self._order.key
         loading = self._loading
         unlink = self._unlink()
         freed = 0
         skipped = []
         try:
-            while freed < num_blocks and leaves:
-                entry = leaves.pop(0)
+            while freed < num_blocks and self._leaves:
+                entry = self._leaves.pop(0)
                 node = entry[-1]
                 if node.host_entry is not entry:
                     continue  # dead: re-filed, or its copy is gone
@@ -249,8 +250,7 @@ class HostCopies:
                 if not node.blocks:
                     unlink(node)
         finally:
-            for entry in skipped:
-                leaves.add(entry)
+            self._leaves.update(skipped)
         return freed
 
     def reset(self) -> None:
