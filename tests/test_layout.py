@@ -246,7 +246,16 @@ def test_no_import_cycles(graph: list[Edge]) -> None:
 # the `radixkv serve` command that starts either.
 OPENAI_LAYER = tuple(
     f"radixkv.serve.{m}"
-    for m in ("protocol", "responses", "errors", "choices", "client", "handlers", "metrics")
+    for m in (
+        "protocol",
+        "responses",
+        "errors",
+        "bodies",
+        "choices",
+        "client",
+        "handlers",
+        "metrics",
+    )
 )
 ROOMS = {
     "radixkv.errors": "bottom",

@@ -563,6 +563,38 @@ def test_a_request_the_pool_cannot_hold_gets_the_single_server_s_error(fleet: st
     assert fleet_card["max_model_len"] == card["max_model_len"] == pool
 
 
+def test_the_ingress_serves_what_the_single_server_serves(fleet: str) -> None:
+    """Issue 24: the fleet's ingress answered only completions, chat and /v1/models, parsed
+    bodies only with a JSON Content-Type, and took a body of any size. Now it reads bodies
+    as the single server does (radixkv.serve.bodies) and offers the same routes: the same
+    request gets the same status and body from both."""
+    from radixkv.serve.bodies import default_max_body_bytes
+    from radixkv.text.tokenizer import model_name
+
+    pool = NUM_BLOCKS * 16
+    limit = default_max_body_bytes(pool)
+    prompt = {"prompt": "hello", "max_tokens": 2, "temperature": 0}
+    with SingleServer() as single:
+        for method, path, kwargs in [
+            ("get", f"/v1/models/{model_name('random')}", {}),
+            ("get", "/v1/models/nope", {}),
+            ("get", "/version", {}),
+            ("post", "/tokenize", {"json": {"prompt": "hello"}}),
+            ("post", "/detokenize", {"json": {"tokens": [104, 105]}}),
+            ("post", "/v1/completions", {"data": json.dumps(prompt)}),  # no Content-Type
+            ("post", "/v1/completions", {"data": b"x" * (limit + 1)}),  # over the limit: 413
+        ]:
+            one = getattr(requests, method)(f"{single}{path}", timeout=60, **kwargs)
+            many = getattr(requests, method)(f"{fleet}/exact{path}", timeout=60, **kwargs)
+            assert one.status_code == many.status_code, (path, one.text, many.text)
+            if path == "/v1/completions" and one.ok:
+                assert many.json()["choices"][0]["text"] == one.json()["choices"][0]["text"]
+            else:  # a model card's "created" is each server's start time
+                same = [{k: v for k, v in r.json().items() if k != "created"} for r in (one, many)]
+                assert same[0] == same[1], (path, one.text, many.text)
+        assert one.status_code == 413
+
+
 def cache_states(app: str) -> dict[str, dict[str, Any]]:
     handle = serve.get_deployment_handle("EngineReplica", app)
     return {s["replica_id"]: s for s in handle.broadcast("cache_state").results(timeout_s=30)}

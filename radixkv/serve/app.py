@@ -25,7 +25,6 @@ does on SIGINT/SIGTERM) open requests end with ``"abort"``, new ones get a 503 a
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,6 +35,7 @@ from fastapi.responses import Response
 from radixkv.checks import check_int
 from radixkv.engine.request import SamplingParams
 from radixkv.serve.async_engine import AsyncEngine
+from radixkv.serve.bodies import default_max_body_bytes, read_body, server_version
 from radixkv.serve.client import RequestOutput
 from radixkv.serve.errors import ApiError, error_response, install_error_handlers, parse_body
 from radixkv.serve.handlers import (
@@ -60,17 +60,6 @@ __all__ = [
     "build_app",
     "default_max_body_bytes",
 ]
-
-
-MIN_BODY_BYTES = 1 << 20
-BODY_BYTES_PER_TOKEN = 32
-
-
-def default_max_body_bytes(max_model_len: int) -> int:
-    """The largest request body a pool of ``max_model_len`` tokens takes by default:
-    :data:`BODY_BYTES_PER_TOKEN` per token (a token id in JSON takes at most 8 bytes, a
-    token of text a few characters), and at least :data:`MIN_BODY_BYTES`."""
-    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_model_len)
 
 
 def build_app(
@@ -125,12 +114,12 @@ def build_app(
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
-        body = parse_body(CompletionRequest, await _read_body(request, body_limit))
+        body = parse_body(CompletionRequest, await read_body(request, body_limit))
         return await api.completions(body, request)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
-        body = parse_body(ChatCompletionRequest, await _read_body(request, body_limit))
+        body = parse_body(ChatCompletionRequest, await read_body(request, body_limit))
         return await api.chat(body, request)
 
     @app.get("/v1/models")
@@ -143,16 +132,16 @@ def build_app(
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        return {"version": _version()}
+        return {"version": server_version()}
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = parse_body(TokenizeRequest, await _read_body(request, body_limit))
+        body = parse_body(TokenizeRequest, await read_body(request, body_limit))
         return await api.tokenize(body)
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = parse_body(DetokenizeRequest, await _read_body(request, body_limit))
+        body = parse_body(DetokenizeRequest, await read_body(request, body_limit))
         return await api.detokenize(body)
 
     @app.get("/health")
@@ -173,25 +162,6 @@ def build_app(
         return Response(text, media_type=CONTENT_TYPE)
 
     return app
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body of ``request``; ``ApiError`` 413 as soon as it is known to exceed ``limit``
-    bytes (from ``Content-Length``, or while reading), before it is read whole."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is over {limit} bytes, the most this server takes")
 
 
 class _EngineClient:
@@ -251,11 +221,3 @@ class _EngineCall:
 
     async def abort(self) -> None:
         await self.engine.abort(self.stream.request_id)
-
-
-def _version() -> str:
-    """The installed radixkv's version (the serve tier may not import the package root)."""
-    try:
-        return importlib.metadata.version("radixkv")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

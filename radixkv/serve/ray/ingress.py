@@ -31,17 +31,23 @@ from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from radixkv.engine.request import SamplingParams
+from radixkv.serve.bodies import default_max_body_bytes, read_body, server_version
 from radixkv.serve.client import EngineMetrics, RequestOutput
-from radixkv.serve.errors import ApiError, as_api_error, install_error_handlers
+from radixkv.serve.errors import ApiError, as_api_error, install_error_handlers, parse_body
 from radixkv.serve.handlers import OpenAIHandlers
 from radixkv.serve.metrics import CONTENT_TYPE, render_fleet_metrics
-from radixkv.serve.protocol import ChatCompletionRequest, CompletionRequest
+from radixkv.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from radixkv.serve.ray import router_registry
 from radixkv.text.tokenizer import Tokenizer, load_tokenizer
 
@@ -222,20 +228,43 @@ class FleetIngress:
         limits = EngineLimits(**await engine.limits.remote())
         client = _RoutedClient(engine, self.tokenizer, limits, send_prompt_text)
         self.openai = OpenAIHandlers(client, model_name)
+        self.body_limit = default_max_body_bytes(limits.max_model_len)  # as the one-engine app
         self._replica_names: dict[str, str] = {}  # actor id -> replica id, for collect_stats
 
     # ------------------------------------------------------------ routes
+    # Bodies are read as the one-engine app reads them (radixkv.serve.bodies): up to a byte
+    # limit, then JSON whatever the Content-Type, so a client that sends none is served.
     @api.post("/v1/completions", response_model=None)
-    async def completions(self, body: CompletionRequest) -> Response:
+    async def completions(self, request: Request) -> Response:
+        body = parse_body(CompletionRequest, await read_body(request, self.body_limit))
         return await self.openai.completions(body)
 
     @api.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(self, body: ChatCompletionRequest) -> Response:
+    async def chat_completions(self, request: Request) -> Response:
+        body = parse_body(ChatCompletionRequest, await read_body(request, self.body_limit))
         return await self.openai.chat(body)
 
     @api.get("/v1/models")
     async def models(self) -> dict[str, Any]:
         return self.openai.models()
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str) -> dict[str, Any]:
+        return self.openai.model(model_id)
+
+    @api.get("/version")
+    async def version(self) -> dict[str, str]:
+        return {"version": server_version()}
+
+    @api.post("/tokenize")
+    async def tokenize(self, request: Request) -> dict[str, Any]:
+        body = parse_body(TokenizeRequest, await read_body(request, self.body_limit))
+        return await self.openai.tokenize(body)
+
+    @api.post("/detokenize")
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        body = parse_body(DetokenizeRequest, await read_body(request, self.body_limit))
+        return await self.openai.detokenize(body)
 
     @api.get("/health")
     async def health(self) -> Response:
