@@ -13,12 +13,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from radixkv.model import ModelConfig
 from radixkv.text.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
+    from radixkv.engine import Engine
     from radixkv.serve.async_engine import AsyncEngine
 
 TINY_CONFIG = ModelConfig(
@@ -94,6 +97,25 @@ class Server:
         assert all(e.startswith("data: ") for e in events), events
         assert events[-1] == "data: [DONE]"
         return [json.loads(e[len("data: ") :]) for e in events[:-1]]
+
+
+def tiny_engine(model, *, num_blocks: int, block_size: int, **config) -> Engine:
+    """An ``Engine`` over ``model`` with the byte tokenizer: what the server tests serve."""
+    from radixkv.engine import Engine, EngineConfig
+
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, **config)
+    return Engine(model, cfg, tokenizer=ByteTokenizer())
+
+
+@contextmanager
+def served_engine(engine: Engine, model_name: str) -> Iterator[tuple[Server, AsyncEngine]]:
+    """``engine`` behind ``build_app`` on a :class:`Server`, with its ``AsyncEngine``."""
+    from radixkv.serve.app import build_app
+    from radixkv.serve.async_engine import AsyncEngine
+
+    ae = AsyncEngine(engine)
+    with Server(build_app(ae, model_name=model_name)) as server:
+        yield server, ae
 
 
 def spawn_serve(*flags: str) -> tuple[subprocess.Popen, int]:

@@ -27,10 +27,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_helpers import TINY_CONFIG, Server, wait_idle  # noqa: E402
+from serve_helpers import TINY_CONFIG, Server, served_engine, tiny_engine, wait_idle  # noqa: E402
 
 from radixkv.cli import main as cli_main  # noqa: E402
-from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from radixkv.engine import Engine, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.model.loading import load_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
@@ -62,14 +62,13 @@ def model():
 def make_engine(model, **kw) -> Engine:
     kw.setdefault("num_blocks", NUM_BLOCKS)
     kw.setdefault("block_size", BLOCK_SIZE)
-    return Engine(model, EngineConfig(**kw), tokenizer=TOK)
+    return tiny_engine(model, **kw)
 
 
 @pytest.fixture(scope="module")
 def served(model) -> Iterator[tuple[Server, AsyncEngine]]:
-    ae = AsyncEngine(make_engine(model))
-    with Server(build_app(ae, model_name=MODEL)) as server:
-        yield server, ae
+    with served_engine(make_engine(model), MODEL) as pair:
+        yield pair
 
 
 @pytest.fixture

@@ -36,9 +36,18 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from serve_helpers import TIMEOUT, TINY_CONFIG, Server, check_engine, spawn_serve, wait_idle  # noqa: E402
+from serve_helpers import (  # noqa: E402
+    TIMEOUT,
+    TINY_CONFIG,
+    Server,
+    check_engine,
+    served_engine,
+    spawn_serve,
+    tiny_engine,
+    wait_idle,
+)
 
-from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from radixkv.engine import Engine, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
@@ -61,14 +70,13 @@ def model():
 def make_engine(model, **kw) -> Engine:
     kw.setdefault("num_blocks", NUM_BLOCKS)
     kw.setdefault("block_size", BLOCK_SIZE)
-    return Engine(model, EngineConfig(**kw), tokenizer=TOK)
+    return tiny_engine(model, **kw)
 
 
 @pytest.fixture(scope="module")
 def served(model) -> Iterator[tuple[Server, AsyncEngine]]:
-    ae = AsyncEngine(make_engine(model))
-    with Server(build_app(ae, model_name=MODEL)) as server:
-        yield server, ae
+    with served_engine(make_engine(model), MODEL) as pair:
+        yield pair
 
 
 @pytest.fixture
