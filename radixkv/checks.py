@@ -79,6 +79,8 @@ def check_int(
     Raises ``ArgumentTypeError`` for a non-int (bool included), ``ValueError``
     out of range; the message names ``name`` and the value. O(1).
     """
+    if type(value) is int and (low is None or value >= low) and (high is None or value <= high):
+        return value  # the common case first: one type test, no isinstance chain
     if value is None and optional:
         return None
     if not is_int(value):
