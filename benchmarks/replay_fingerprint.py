@@ -1,0 +1,62 @@
+"""A fingerprint of trace replay: every policy, both Mooncake traces, two capacities, with and
+without a host tier, one JSON line per configuration (counts, and a SHA-1 of each per-request
+array). Deterministic: run it at two revisions and diff the outputs to prove a change kept
+replay bit-identical (issue 23's guard for its re-cut).
+
+    python benchmarks/replay_fingerprint.py > after.jsonl          # ~25 s
+    git stash; python benchmarks/replay_fingerprint.py > before.jsonl; git stash pop
+    diff before.jsonl after.jsonl && echo identical
+
+The traces are ``../shared/data/traces/{conversation,synthetic}_trace.jsonl`` beside the
+checkout, or in the folder ``$RADIXKV_TRACES`` names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from radixkv.replay import load_trace, replay
+from radixkv.replay.config import REPLAY_POLICIES
+
+TRACES = Path(
+    os.environ.get("RADIXKV_TRACES")
+    or Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+)
+CAPACITIES = (300, 3000)
+HOST_CAPACITY = 1500
+
+
+def _encode(value: object) -> object:
+    if isinstance(value, np.ndarray):
+        digest = hashlib.sha1(np.ascontiguousarray(value).tobytes()).hexdigest()
+        return [digest, int(value.sum())]
+    return str(value)
+
+
+def main() -> int:
+    for name in ("conversation", "synthetic"):
+        path = TRACES / f"{name}_trace.jsonl"
+        if not path.exists():
+            print(f"missing trace {path}", file=sys.stderr)
+            return 1
+        trace = load_trace(path)
+        for policy in REPLAY_POLICIES:
+            for capacity in CAPACITIES:
+                hosts = (0, HOST_CAPACITY) if policy.startswith("radix") else (0,)
+                for host in hosts:
+                    result = replay(trace, policy, capacity, host_capacity=host)
+                    row = {"trace": name, "policy": policy, "cap": capacity, "host": host}
+                    row.update(dataclasses.asdict(result))
+                    print(json.dumps(row, sort_keys=True, default=_encode), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
