@@ -290,12 +290,14 @@ def test_prompt_logprobs_score_the_prompt_without_the_cache(model) -> None:
     assert engine.score_prompt([7]).logprobs == []
 
 
-def test_prompt_logprobs_refuse_a_prompt_too_long_to_score(model, monkeypatch) -> None:
+def test_score_prompt_refuses_a_prompt_too_long_to_score_at_once(model, monkeypatch) -> None:
     monkeypatch.setattr(engine_module, "MAX_PROMPT_LOGPROB_ELEMENTS", 10 * CFG.vocab_size)
     engine, _ = engine_of(model)
-    with pytest.raises(ValueError, match="prompt_logprobs .* 11 tokens is over the 10"):
-        engine.add_request(list(range(11)), SamplingParams(2, prompt_logprobs=0))
-    engine.add_request(list(range(10)), SamplingParams(2, prompt_logprobs=0))
+    with pytest.raises(ValueError, match="score_prompt .* 11 tokens is over the 10"):
+        engine.score_prompt(list(range(11)))
+    # Requests are scored chunk by chunk in the prefill: no such limit.
+    [c] = engine.generate([list(range(11))], SamplingParams(2, prompt_logprobs=0))
+    assert c.prompt_logprobs is not None and len(c.prompt_logprobs.logprobs) == 10
     engine.check()
 
 

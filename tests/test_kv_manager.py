@@ -126,6 +126,42 @@ def test_duplicates_switch_to_the_cached_blocks_and_are_freed(kind) -> None:
     assert kv.allocator.num_free == kv.allocator.num_blocks
 
 
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_trim_gives_back_the_matched_blocks_a_request_will_not_read(kind) -> None:
+    kv = manager(kind, num_blocks=8)
+    assert kv.match_prefix("a", [1, 2, 3, 4, 5, 6, 7]) == 0
+    assert kv.allocate_slots("a", 7)
+    kv.free("a", [1, 2, 3, 4, 5, 6])  # 3 blocks cached
+    assert kv.match_prefix("b", [1, 2, 3, 4, 5, 6, 9]) == 6
+    held = kv.block_table("b")[:]
+    kv.trim("b", 1)
+    assert kv.block_table("b") == held[:1]
+    assert [kv.allocator.refcount(b) for b in held] == [2, 1, 1]  # the cache's own stay
+    assert kv.allocate_slots("b", 7)  # computes positions 2.. in new blocks
+    kv.check()
+    kv.free("b", [1, 2, 3, 4, 5, 6])  # duplicates of cached blocks: freed
+    kv.check()
+    assert kv.allocator.num_free == 8 - 3
+
+
+def test_trim_refuses_misuse_before_any_change() -> None:
+    kv = manager("radix", num_blocks=8)
+    kv.match_prefix("a", [1, 2, 3, 4, 5])
+    kv.allocate_slots("a", 5)
+    kv.free("a", [1, 2, 3, 4])
+    kv.match_prefix("b", [1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match=r"num_blocks must be .*, got 3"):
+        kv.trim("b", 3)
+    with pytest.raises(KeyError, match="unknown request 'c'"):
+        kv.trim("c", 0)
+    assert len(kv.block_table("b")) == 2
+    kv.allocate_slots("b", 5)
+    with pytest.raises(ValueError, match="only a matched prefix can be trimmed"):
+        kv.trim("b", 1)
+    assert len(kv.block_table("b")) == 3
+    kv.check()
+
+
 def test_cache_blocks_does_not_count_a_query() -> None:
     kv = manager("radix")
     prompt = list(range(9))

@@ -173,6 +173,34 @@ def test_a_fully_cached_prompt_still_runs_its_last_token(cache, bs, computed):
     assert_no_leaks(d.sched)
 
 
+class ReadAtMost:
+    """A prefix reader that lets requests read at most ``limit`` matched blocks."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.asked: list[int] = []
+
+    def usable_blocks(self, request: Request, num_blocks: int) -> int:
+        self.asked.append(num_blocks)
+        return min(num_blocks, self.limit)
+
+
+@pytest.mark.parametrize("cache", ["radix", "hash"])
+@pytest.mark.parametrize("limit", [0, 2])
+def test_a_prefix_reader_limits_what_a_request_reads_and_it_computes_the_rest(cache, limit):
+    prompt = np.arange(1, 30)
+    kv = KVCacheManager(make_cache(cache, BlockAllocator(64, 4)))
+    reader = ReadAtMost(limit)
+    d = Driver(Scheduler(kv, SchedulerConfig(), prefix_reader=reader))
+    [first] = d.run([Request(prompt, SamplingParams(max_new_tokens=3))])
+    [again] = d.run([Request(prompt, SamplingParams(max_new_tokens=3))])
+    assert reader.asked == [0, 7]  # asked once per lookup, with what was matched
+    assert again.stats().cached_tokens == 4 * limit
+    assert again.stats().prefill_tokens == 29 - 4 * limit
+    assert again.output_ids == first.output_ids == expected_output(prompt, 3)
+    assert_no_leaks(d.sched)
+
+
 # ------------------------------------------------------------------ slot mapping pitfall
 @pytest.mark.parametrize("cache", ["radix", "hash"])
 def test_matched_blocks_populate_the_slot_mapping(cache):

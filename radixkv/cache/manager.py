@@ -58,6 +58,7 @@ from radixkv.cache.null import NullCache
 from radixkv.cache.prefix_cache import PrefixCache, check_namespace, check_num_blocks
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import MatchResult
+from radixkv.checks import check_int
 from radixkv.errors import InvariantError
 
 __all__ = ["CACHE_KINDS", "Admission", "KVCacheManager", "make_cache"]
@@ -242,6 +243,31 @@ class KVCacheManager:
         blocks = m.blocks
         self._entries[request_id] = _Entry(list(blocks), namespace, len(blocks))
         return m.num_tokens
+
+    def trim(self, request_id: Hashable, num_blocks: int) -> None:
+        """Keep only the first ``num_blocks`` blocks of a request's just-matched prefix.
+
+        For a caller that will not read part of what :meth:`match_prefix` found
+        (prompt logprobs need scores the cache does not hold for every block):
+        the dropped blocks' references go back, and the request computes those
+        positions itself. Only before the request has allocated anything past its
+        match: ``ValueError`` if its table holds more than its matched blocks or
+        ``num_blocks`` is not an int in ``[0, len(table)]``, ``KeyError`` for an
+        unknown request, before any change. Complexity: O(dropped blocks).
+        """
+        entry = self._entry(request_id)
+        table = entry.table
+        if len(table) != entry.num_cached_blocks:
+            raise ValueError(
+                f"request {request_id!r} holds {len(table)} blocks past its "
+                f"{entry.num_cached_blocks} matched ones: only a matched prefix can be trimmed"
+            )
+        num_blocks = check_int("num_blocks", num_blocks, low=0, high=len(table))
+        dropped = table[num_blocks:]
+        if dropped:
+            del table[num_blocks:]
+            entry.num_cached_blocks = num_blocks
+            self._alloc.decref(dropped)
 
     def may_allocate(self, num_blocks: int) -> bool:
         """False if ``num_blocks`` new blocks cannot be had now, even by evicting; no side effect.

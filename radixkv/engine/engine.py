@@ -40,6 +40,12 @@ from radixkv.engine.model_runner import (
     build_forward_batch,
     make_model_runner,
 )
+from radixkv.engine.prompt_scores import (
+    NO_BLOCK_SCORES,
+    BlockScores,
+    PromptScorer,
+    ScoreStore,
+)
 from radixkv.engine.request import (
     FinishReason,
     PromptLogprobs,
@@ -68,8 +74,8 @@ __all__ = [
 ]
 
 MAX_PROMPT_LOGPROB_ELEMENTS = 1 << 28
-"""Most logits (prompt tokens x vocabulary) one ``prompt_logprobs`` request computes: the
-prompt runs once, whole, so all its logits exist at once (1 GiB in float32)."""
+"""Most logits (prompt tokens x vocabulary) :meth:`Engine.score_prompt` computes: the prompt
+runs once, whole, so all its logits exist at once (1 GiB in float32)."""
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +109,10 @@ class EngineConfig:
       them; elsewhere, or False, every step runs eagerly. Decode steps whose
       longest context exceeds ``cuda_graph_max_context`` tokens run eagerly too
       (it fixes the graphs' block-table width).
+    - ``prompt_score_cache``: keep, with each full prompt block a ``prompt_logprobs``
+      request computes, its positions' scores (``radixkv.engine.prompt_scores``), so a
+      later scoring request reads its cached prefix instead of recomputing it. False:
+      a scoring request reads no cached prefix (vLLM's behaviour).
 
     Every field is checked at construction: ``TypeError``/``ValueError`` naming
     the field and the value.
@@ -126,6 +136,7 @@ class EngineConfig:
     poison_freed_kv: bool = False
     cuda_graphs: bool = True
     cuda_graph_max_context: int = 4096
+    prompt_score_cache: bool = True
 
     def __post_init__(self) -> None:
         ints = (
@@ -143,7 +154,7 @@ class EngineConfig:
             object.__setattr__(self, name, check_int(name, getattr(self, name), low=low))
         num_blocks = check_int("num_blocks", self.num_blocks, low=1, optional=True)
         object.__setattr__(self, "num_blocks", num_blocks)
-        for name in ("poison_freed_kv", "cuda_graphs"):
+        for name in ("poison_freed_kv", "cuda_graphs", "prompt_score_cache"):
             object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
@@ -273,6 +284,9 @@ class Engine:
         if cache.allocator is not allocator:
             raise ValueError("cache_factory must build the cache over the allocator it is given")
         self.kv_manager = KVCacheManager(cache)
+        self.scorer = PromptScorer(model, cfg.block_size, self._score_store(num_blocks))
+        """Scores prompts for ``prompt_logprobs`` in the prefill (the scheduler's
+        ``prefix_reader``: a scoring request reads only the cached blocks it has scores of)."""
         self.scheduler = Scheduler(
             self.kv_manager,
             SchedulerConfig(
@@ -283,6 +297,7 @@ class Engine:
                 # waiting for a running request's prefill only pays when its blocks get cached
                 wait_for_shared_prefill=cfg.cache is not None or cache_factory is not None,
             ),
+            prefix_reader=self.scorer,
         )
         self.runner: EagerRunner | GraphRunner = make_model_runner(
             model,
@@ -299,6 +314,18 @@ class Engine:
         serving, never while a step runs."""
         self._num_added = 0  # requests added so far: the default seed's counter
         self._generators: dict[int, torch.Generator] = {}  # sampled requests, until they end
+
+    def _score_store(self, num_blocks: int) -> ScoreStore:
+        """Where prompt blocks' scores are kept: one record a pool block, or nowhere."""
+        if not self.config.prompt_score_cache or isinstance(self.kv_manager.cache, NullCache):
+            return NO_BLOCK_SCORES
+        return BlockScores(
+            num_blocks,
+            self.config.block_size,
+            self.model.config.hidden_size,
+            self.kv_pool.device,
+            self.model.dtype,
+        )
 
     def _host_tier(self) -> HostTier | None:
         """The host tier ``config`` asks for (its pool in ``self.host_kv_pool``), or None."""
@@ -397,8 +424,6 @@ class Engine:
                 f"prompt token id {top} is outside the model's vocabulary (vocab_size {vocab})"
             )
         params.check_vocab(vocab)
-        if params.prompt_logprobs is not None:
-            check_prompt_logprobs(req.prompt_len, vocab)
         self.scheduler.validate(req)
         # The cache refuses a namespace it cannot encode (its KV event hashes): say so now,
         # not when the scheduler first matches it. A built-in cache peeks no tokens in O(1).
@@ -436,7 +461,10 @@ class Engine:
             return []
         try:
             self._start_requests(out, time.perf_counter())
-            logits = self.runner.forward(out, self.kv_manager)
+            if self.scorer.scores(out):
+                logits = self.scorer.score(out, self.runner.hidden(out, self.kv_manager))
+            else:
+                logits = self.runner.forward(out, self.kv_manager)
             reqs = [s.request if s.samples else None for s in out.seqs]
             next_tokens = self.sampler.sample(logits, reqs, self._generators)
             finished = self.scheduler.postprocess(out, next_tokens)
@@ -450,23 +478,21 @@ class Engine:
         return finished
 
     def _start_requests(self, out: SchedulerOutput, now: float) -> None:
-        """For requests scheduled for the first time: note when, and score their prompt if
-        ``prompt_logprobs`` asks (the whole prompt, run once without the cache)."""
+        """For requests scheduled for the first time: note when."""
         for seq in out.seqs:
             req = seq.request
-            if req.scheduled_time is not None:
-                continue
-            req.scheduled_time = now
-            if req.params.prompt_logprobs is not None:
-                req.prompt_logprobs = self.score_prompt(req.prompt, req.params.prompt_logprobs)
+            if req.scheduled_time is None:
+                req.scheduled_time = now
 
     @torch.no_grad()
     def score_prompt(self, prompt: TokenSeq, top: int = 0) -> PromptLogprobs:
         """The model's logprob and rank of each token of ``prompt`` after the first, and the
         ``top`` likeliest tokens at each position: one dense forward of the whole prompt
-        (``model.forward_dense``), no cache read or written. ``ValueError`` if its logits
-        would exceed :data:`MAX_PROMPT_LOGPROB_ELEMENTS`. Complexity: one forward of
-        ``len(prompt)`` tokens (attention quadratic in it), O(len x vocab) after."""
+        (``model.forward_dense``), no cache read or written: the reference that requests'
+        ``prompt_logprobs`` (scored in the paged prefill) are tested against.
+        ``ValueError`` if its logits would exceed :data:`MAX_PROMPT_LOGPROB_ELEMENTS`.
+        Complexity: one forward of ``len(prompt)`` tokens (attention quadratic in it),
+        O(len x vocab) after."""
         ids = torch.as_tensor(np.asarray(prompt, dtype=np.int64))
         vocab = self.model.config.vocab_size
         check_prompt_logprobs(len(ids), vocab)
@@ -608,12 +634,12 @@ class Engine:
 
 
 def check_prompt_logprobs(prompt_len: int, vocab_size: int) -> None:
-    """``ValueError`` naming ``prompt_logprobs`` if a prompt of ``prompt_len`` tokens has more
-    logits than :data:`MAX_PROMPT_LOGPROB_ELEMENTS`."""
+    """``ValueError`` if a prompt of ``prompt_len`` tokens has more logits than
+    :data:`MAX_PROMPT_LOGPROB_ELEMENTS` (what :meth:`Engine.score_prompt` scores at once)."""
     if prompt_len * vocab_size > MAX_PROMPT_LOGPROB_ELEMENTS:
         most = MAX_PROMPT_LOGPROB_ELEMENTS // vocab_size
         raise ValueError(
-            f"prompt_logprobs needs the logits of the whole prompt at once: a prompt of "
+            f"score_prompt needs the logits of the whole prompt at once: a prompt of "
             f"{prompt_len} tokens is over the {most} this engine scores (vocab_size "
             f"{vocab_size})"
         )

@@ -75,6 +75,13 @@ class ModelRunner(Protocol):
         """
         ...
 
+    def hidden(self, out: SchedulerOutput, kv_manager: KVCacheManager) -> torch.Tensor:
+        """The step's hidden states ``[out.num_tokens, hidden_size]`` (``model.hidden``: every
+        new token's, in batch order, before the final norm), for a step that needs more than
+        the last tokens' logits (prompt logprobs). Writes the new K/V as :meth:`forward` does.
+        """
+        ...
+
 
 class EagerRunner:
     """Builds each step's batch for the model's backend and calls ``model.forward`` over
@@ -84,15 +91,20 @@ class EagerRunner:
         self.model, self.kv_pool = model, kv_pool
 
     def forward(self, out: SchedulerOutput, kv_manager: KVCacheManager) -> torch.Tensor:
+        return self.model.forward(self._batch(out, kv_manager), self.kv_pool)
+
+    def hidden(self, out: SchedulerOutput, kv_manager: KVCacheManager) -> torch.Tensor:
+        return self.model.hidden(self._batch(out, kv_manager), self.kv_pool)
+
+    def _batch(self, out: SchedulerOutput, kv_manager: KVCacheManager) -> ForwardBatch:
         device = self.kv_pool.device
-        batch = build_forward_batch(
+        return build_forward_batch(
             out,
             kv_manager,
             device,
             backend=self.model.backend_for(device),
             group_size=self.model.config.group_size,
         )
-        return self.model.forward(batch, self.kv_pool)
 
 
 class GraphRunner:
@@ -125,6 +137,11 @@ class GraphRunner:
             [s.stop for s in seqs],
             [kv_manager.block_table(s.request.request_id) for s in seqs],
         )
+
+    def hidden(self, out: SchedulerOutput, kv_manager: KVCacheManager) -> torch.Tensor:
+        """Eager: the graphs return only the last tokens' logits."""
+        self.num_eager += 1
+        return self.eager.hidden(out, kv_manager)
 
 
 def make_model_runner(

@@ -58,8 +58,8 @@ class SamplingParams:
     - ``top_logprobs``: record the ``k`` likeliest tokens and their logprobs at each
       output position (``Request.top_logprobs``); 0: none. ``prompt_logprobs``: None,
       or record each prompt token's logprob, rank and the ``k`` likeliest at its
-      position (``Request.prompt_logprobs``), computed by running the whole prompt
-      once without the cache when the request is first scheduled. Logprobs are those
+      position (``Request.prompt_logprobs``), scored in the prefill itself, reading the
+      scores the cache keeps for its blocks (``radixkv.engine.prompt_scores``). Logprobs are those
       of the model's own distribution, before any of the adjustments above.
     """
 
@@ -234,7 +234,7 @@ class Request:
         "num_computed_tokens", "prefill_end", "cached_tokens", "num_prefill_tokens",
         "num_decode_tokens", "num_preemptions", "arrival_time", "first_token_time",
         "finish_time", "admitted", "logprobs", "error", "_buf", "_len", "scheduled_time",
-        "top_logprobs", "prompt_logprobs",
+        "top_logprobs", "prompt_logprobs", "prompt_scoring",
     )  # fmt: skip
 
     def __init__(
@@ -282,6 +282,9 @@ class Request:
         ``params.top_logprobs`` asks for them (empty otherwise)."""
         self.prompt_logprobs: PromptLogprobs | None = None
         """The prompt's logprobs, once computed, when ``params.prompt_logprobs`` asks."""
+        self.prompt_scoring: object | None = None
+        """The engine's ``PromptScorer`` state for this request while its prompt is scored
+        (``radixkv.engine.prompt_scores.PromptScoring``; opaque here)."""
         self.error: str | None = None
         """Why the request ended with ``FinishReason.ERROR``."""
 

@@ -42,6 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.manager import KVCacheManager
@@ -52,6 +53,8 @@ from radixkv.errors import InvariantError
 
 __all__ = [
     "ADMISSION_POLICIES",
+    "PrefixReader",
+    "ReadWholePrefix",
     "ScheduledSeq",
     "Scheduler",
     "SchedulerConfig",
@@ -96,6 +99,22 @@ class SchedulerConfig:
             raise ValueError(f"policy must be one of {ADMISSION_POLICIES}, got {self.policy!r}")
         wait = check_bool("wait_for_shared_prefill", self.wait_for_shared_prefill)
         object.__setattr__(self, "wait_for_shared_prefill", wait)
+
+
+class PrefixReader(Protocol):
+    """Says how much of a request's matched prefix it will read from the cache."""
+
+    def usable_blocks(self, request: Request, num_blocks: int) -> int:
+        """How many of the ``num_blocks`` blocks just matched for ``request`` (in position
+        order) it reads, from the first: the rest it computes itself. At most ``num_blocks``."""
+        ...
+
+
+class ReadWholePrefix:
+    """Every request reads its whole matched prefix (the default)."""
+
+    def usable_blocks(self, request: Request, num_blocks: int) -> int:
+        return num_blocks
 
 
 @dataclass(frozen=True)
@@ -148,12 +167,15 @@ class Scheduler:
         kv_manager: KVCacheManager,
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        prefix_reader: PrefixReader | None = None,
     ) -> None:
         if not isinstance(kv_manager, KVCacheManager):
             raise TypeError(f"kv_manager must be a KVCacheManager, got {type(kv_manager).__name__}")
         self.kv_manager = kv_manager
         self.config = config or SchedulerConfig()
         self.clock = clock
+        self.prefix_reader: PrefixReader = prefix_reader or ReadWholePrefix()
+        """Asked, at each lookup, how much of the matched prefix the request reads."""
         self.block_size = kv_manager.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is preempted first
@@ -317,6 +339,10 @@ class Scheduler:
                 if not kv.may_allocate(kv.num_blocks_for(stop) - peeked // bs):
                     break
                 cached = kv.match_prefix(req.request_id, req.tokens, req.namespace)
+                usable = self.prefix_reader.usable_blocks(req, cached // bs)
+                if usable * bs < cached:
+                    kv.trim(req.request_id, usable)
+                    cached = usable * bs
             n = min(req.num_tokens - cached, budget)
             if not kv.allocate_slots(req.request_id, cached + n):
                 self._held = req

@@ -246,11 +246,6 @@ class Decoder(nn.Module):
             device=device if device is not None else self.device,
         )
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        h = self.norm(h)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(h, weight).float()
-
     def _block(self, layer: DecoderLayer, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         h = x + layer.self_attn.o_proj(attn_out)
         return h + layer.mlp(layer.post_attention_layernorm(h))
@@ -265,7 +260,22 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        """One step; float32 logits ``[num_seqs, vocab]`` of each sequence's last new token.
+        """One step; float32 logits ``[num_seqs, vocab]`` of each sequence's last new token:
+        :meth:`logits` of :meth:`hidden`'s rows ``batch.last_token_index``."""
+        return self.logits(self.hidden(batch, kv).index_select(0, batch.last_token_index))
+
+    @torch.no_grad()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[..., vocab]`` of hidden states ``h`` (the final norm, then the
+        head). Complexity: one ``hidden_size x vocab`` product per row."""
+        h = self.norm(h)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return nn.functional.linear(h, weight).float()
+
+    @torch.no_grad()
+    def hidden(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        """One step's hidden states ``[num_tokens, hidden_size]`` (every new token's, before
+        the final norm; :meth:`logits` turns rows into logits).
 
         ``batch`` comes from :meth:`ForwardBatch.build` (which validated it) for
         this pool and model; the backend it was built with is the one that runs.
@@ -316,7 +326,7 @@ class Decoder(nn.Module):
                 else:
                     attn = cascade_attention(qi, kv.k[i], kv.v[i], plan, ws)
             x = self._block(layer, x, attn.to(x.dtype))
-        return self._logits(x.index_select(0, batch.last_token_index))
+        return x
 
     @torch.no_grad()
     def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -330,7 +340,7 @@ class Decoder(nn.Module):
         for layer in self.layers:
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
             x = self._block(layer, x, dense_causal_attention(q, k, v))
-        return self._logits(x)
+        return self.logits(x)
 
     @torch.no_grad()
     def greedy_dense(self, input_ids: torch.Tensor, max_new_tokens: int) -> list[int]:

@@ -44,7 +44,7 @@ from typing import TypeVar
 import numpy as np
 
 from radixkv.cache.prefix_cache import check_namespace
-from radixkv.engine.engine import Engine, check_prompt_logprobs
+from radixkv.engine.engine import Engine
 from radixkv.engine.request import Request, SamplingParams
 from radixkv.serve.client import EngineMetrics
 from radixkv.serve.stream import Delta, RequestStream, TokenInfo
@@ -256,8 +256,6 @@ class AsyncEngine:
                 f"prompt_ids holds token id {top}, outside the vocabulary (vocab_size {vocab})"
             )
         params.check_vocab(vocab)
-        if params.prompt_logprobs is not None:
-            check_prompt_logprobs(req.prompt_len, vocab)
         room = self.max_new_tokens(req.prompt_len)
         if params.max_new_tokens > room:
             alloc = self.engine.allocator
