@@ -417,7 +417,7 @@ BAD = [
      {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}},
      "response_format"),
     ("/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"x": 1}},
+     {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": 1}},
      "chat_template_kwargs"),
     ("/v1/chat/completions",
      {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ x }}"},

@@ -612,6 +612,8 @@ def test_fleet_metrics_label_each_replica_and_add_up_to_the_work_done(fleet: str
             continue
         name_labels, value = line.rsplit(" ", 1)
         name, labels = name_labels.split("{", 1)
+        if 'replica="' not in labels:  # the ingress's request histograms
+            continue
         replica = labels.split('replica="', 1)[1].split('"', 1)[0]
         if name == "radixkv:request_finished_total":
             finished[replica] = float(value)
@@ -620,6 +622,43 @@ def test_fleet_metrics_label_each_replica_and_add_up_to_the_work_done(fleet: str
     assert set(finished) == set(stats) and len(finished) == 2
     assert finished == {r: float(s["requests_finished"]) for r, s in stats.items()}
     assert sum(finished.values()) >= len(answers["exact"]) and hits > 0
+
+
+def test_fleet_metrics_have_the_ingress_s_request_histograms(fleet: str, answers) -> None:
+    """Issue 24: the ingress kept no latency histograms. It now records every request as
+    the single server does (the same handlers and ServerMetrics): on ``/serve``, which no
+    other test sends to, each histogram counts exactly the workload's requests."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{fleet}/serve/metrics", timeout=30).text
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "replica" not in s.labels:
+                key = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                samples[f"{s.name}{{{key}}}"] = s.value
+
+    def value(name: str, **labels: str) -> float:
+        key = ",".join(f"{k}={v}" for k, v in sorted({**labels, "model_name": "random"}.items()))
+        return samples[f"radixkv:{name}{{{key}}}"]
+
+    n = len(answers["serve"])
+    assert n == GROUPS * PER_GROUP
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
+                 "request_queue_time_seconds", "request_prefill_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens",
+                 "request_params_n"):  # fmt: skip
+        assert value(f"{name}_count") == n, name
+    assert (
+        value("request_success_total", finished_reason="length")
+        + value("request_success_total", finished_reason="stop")
+        == n
+    )
+    usage = [r["usage"] for r in answers["serve"]]
+    assert value("request_prompt_tokens_sum") == sum(u["prompt_tokens"] for u in usage)
+    generated = sum(u["completion_tokens"] for u in usage)
+    assert value("request_generation_tokens_sum") == generated
+    assert value("inter_token_latency_seconds_count") == generated - n
 
 
 def test_the_router_s_index_equals_each_replica_s_cache(fleet: str, answers) -> None:

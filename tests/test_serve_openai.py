@@ -20,12 +20,14 @@ bench serve``, written from what those tools send (they are not installed here).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +49,26 @@ from serve_helpers import (  # noqa: E402
     wait_idle,
 )
 
-from radixkv.engine import Engine, SamplingParams  # noqa: E402
+from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
-from radixkv.serve.protocol import NOT_IMPLEMENTED  # noqa: E402
+from radixkv.serve.client import EngineMetrics, RequestOutput  # noqa: E402
+from radixkv.serve.handlers import OpenAIHandlers  # noqa: E402
+from radixkv.serve.metrics import ServerMetrics  # noqa: E402
+from radixkv.serve.protocol import (  # noqa: E402
+    NOT_IMPLEMENTED,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from radixkv.text.stream import TextStream  # noqa: E402
-from radixkv.text.tokenizer import ByteTokenizer, context_length, render_chat  # noqa: E402
+from radixkv.text.tokenizer import (  # noqa: E402
+    ByteTokenizer,
+    ChatTokenizer,
+    context_length,
+    load_tokenizer,
+    render_chat,
+)
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 512
@@ -471,6 +486,101 @@ def test_add_generation_prompt_and_continue_final_message(model, server) -> None
     assert reply["usage"]["prompt_tokens"] == len(open_ids)
 
 
+# ---------------------------------------------------------------- chat_template_kwargs
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory) -> Iterator[tuple[Server, ChatTokenizer]]:
+    """A server whose model's chat template reads ``enable_thinking`` and ``greeting``
+    (test_text's template, over the tiny GGUF vocabulary), and its tokenizer."""
+    pytest.importorskip("gguf")
+    from test_text import VARIABLES_TEMPLATE
+    from test_tokenizer import train_reference, write_tokenizer_gguf
+
+    path = tmp_path_factory.mktemp("templated") / "tok.gguf"
+    write_tokenizer_gguf(train_reference(), path, template=VARIABLES_TEMPLATE)
+    tok = load_tokenizer(str(path))
+    assert isinstance(tok, ChatTokenizer)
+    config = dataclasses.replace(TINY_CONFIG, vocab_size=tok.vocab_size)
+    cfg = EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE)
+    engine = Engine(random_model(config, seed=0), cfg, tokenizer=tok)
+    with served_engine(engine, MODEL) as (server, _):
+        yield server, tok
+
+
+def test_chat_template_kwargs_reach_the_template(templated) -> None:
+    server, tok = templated
+    plain = ok(server, "/tokenize", {"messages": CHAT})["tokens"]
+    kwargs = {"enable_thinking": False, "greeting": "Be brief"}
+    body = {"messages": CHAT, "chat_template_kwargs": kwargs}
+    got = ok(server, "/tokenize", body)["tokens"]
+    assert got == render_chat(tok, CHAT, variables=kwargs) != plain
+    text = tok.tokenizer.decode(got, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\nBe brief<|im_end|>\n")
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    reply = ok(server, "/v1/chat/completions", {**body, "max_tokens": 2, "temperature": 0})
+    assert reply["usage"]["prompt_tokens"] == len(got)
+    streamed = server.stream(
+        "/v1/chat/completions",
+        {**body, "max_tokens": 2, "stream_options": {"include_usage": True}},
+    )
+    assert streamed[-1]["usage"]["prompt_tokens"] == len(got)
+    # a variable the template does not read changes nothing, as in vLLM
+    unread = {"messages": CHAT, "chat_template_kwargs": {"unread": [1, {"a": None}]}}
+    assert ok(server, "/tokenize", unread)["tokens"] == plain
+
+
+def test_chat_template_kwargs_change_nothing_for_chatml_in_ids(served) -> None:
+    """The random model's ByteTokenizer builds ChatML in ids and reads no variable."""
+    server, ae = served
+    body = {"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}
+    assert ok(server, "/tokenize", body)["tokens"] == TOK.apply_chat_template(CHAT)
+    reply = ok(server, "/v1/chat/completions", {**body, "max_tokens": 2})
+    assert reply["usage"]["prompt_tokens"] == len(TOK.apply_chat_template(CHAT))
+
+
+CTK_ERRORS = [
+    ({"add_generation_prompt": False},
+     'chat_template_kwargs["add_generation_prompt"] is the request\'s add_generation_prompt '
+     "field, which a template variable cannot replace"),
+    ({"bos_token": "<s>"},
+     'chat_template_kwargs["bos_token"] is the tokenizer\'s BOS token, which a template '
+     "variable cannot replace"),
+    ({"x": [1, "a\ud800"]},
+     'chat_template_kwargs["x"][1]: a lone surrogate \'\\ud800\' at character 1 is not valid '
+     "UTF-8 text"),
+    ({"\ud800": 1},
+     'the key of chat_template_kwargs["\\ud800"]: a lone surrogate \'\\ud800\' at character 0 '
+     "is not valid UTF-8 text"),
+    ([1], "chat_template_kwargs: Input should be a valid dictionary, got [1]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize(("kwargs", "message"), CTK_ERRORS)
+def test_bad_chat_template_kwargs_are_a_400_naming_them(served, path, kwargs, message) -> None:
+    server, ae = served
+    wait_idle(ae)
+    before = ae.metrics().requests_finished
+    body = {"messages": CHAT, "max_tokens": 1, "chat_template_kwargs": kwargs}
+    if path == "/tokenize":
+        del body["max_tokens"]
+    assert error(server, path, body, "chat_template_kwargs") == message
+    wait_idle(ae)
+    assert ae.metrics().requests_finished == before  # refused before the engine saw it
+
+
+def test_chat_template_kwargs_need_messages_and_json_numbers(server) -> None:
+    body = {"prompt": "hi", "chat_template_kwargs": {"a": 1}}
+    message = error(server, "/tokenize", body, "chat_template_kwargs")
+    assert message.startswith("chat_template_kwargs are variables of the chat template")
+    assert ok(server, "/tokenize", {"prompt": "hi", "chat_template_kwargs": {}})["count"] == 2
+    # Python's json reads NaN, which is no JSON number
+    raw = b'{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"t": NaN}}'
+    status, data, _ = server.request("POST", "/v1/chat/completions", raw=raw)
+    err = json.loads(data)["error"]
+    assert status == 400 and err["param"] == "chat_template_kwargs", err
+    assert err["message"] == 'chat_template_kwargs["t"] is nan, not a finite number'
+
+
 # ---------------------------------------------------------------- what is not implemented
 def neutral_and_not(table: dict[str, tuple]) -> list[tuple[str, Any, bool]]:
     cases = []
@@ -654,6 +764,108 @@ def test_metrics_prefix_vllm_emits_vllms_names(model) -> None:
         assert name in names, name
     with pytest.raises(ValueError, match="metrics prefix"):
         build_app(AsyncEngine(make_engine(model)), model_name=MODEL, metrics_prefix="v:llm")
+
+
+class ScriptedCall:
+    """An engine call that yields ``n`` tokens one at a time, stamped as the engine stamps
+    them, then finishes with ``"length"``."""
+
+    def __init__(self, prompt_len: int, n: int) -> None:
+        self.prompt_len, self.n = prompt_len, n
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        arrived = time.perf_counter()
+        for k in range(self.n):
+            last = k == self.n - 1
+            yield RequestOutput(
+                request_id=0,
+                new_token_ids=[65],
+                output_ids=[65] * (k + 1),
+                finished=last,
+                finish_reason="length" if last else None,
+                prompt_tokens=self.prompt_len,
+                cached_tokens=0,
+                error=None,
+                logprobs=[0.0],
+                top_logprobs=[[]],
+                token_times=[time.perf_counter()],
+                arrival_time=arrived,
+                scheduled_time=arrived,
+            )
+
+    async def aclose(self) -> None:
+        pass
+
+    async def abort(self) -> None:
+        pass
+
+
+class ScriptedClient:
+    """An :class:`~radixkv.serve.client.EngineClient` over :class:`ScriptedCall`s: what the
+    handlers see of a fleet's routed calls, without Ray."""
+
+    tokenizer = TOK
+    vocab_size = TOK.vocab_size
+    max_model_len = 1024
+
+    def max_new_tokens(self, prompt_len: int) -> int:
+        return self.max_model_len - prompt_len + 1
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, namespace: Any, *, cap_to_pool=False
+    ) -> ScriptedCall:
+        return ScriptedCall(len(prompt_ids), params.max_new_tokens)
+
+
+def engine_snapshot(finished: int) -> EngineMetrics:
+    return EngineMetrics(running=0, waiting=0, kv_usage=0.0, prefix_cache_queries=10,
+                         prefix_cache_hits=4, preemptions=0, requests_finished=finished,
+                         prompt_tokens=10, generation_tokens=5, failed_steps=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("prefix", ["radixkv", "vllm"])
+def test_the_handlers_record_a_fleet_s_requests_beside_its_replicas(prefix: str) -> None:
+    """The path the fleet's ingress takes (tests/test_serve_fleet.py runs it on Ray): the
+    handlers over a routed client record every choice in ``ServerMetrics.requests``, and
+    ``render_fleet`` writes those histograms beside each replica's engine metrics."""
+    metrics = ServerMetrics(MODEL, prefix, max_model_len=1024)
+    api = OpenAIHandlers(ScriptedClient(), MODEL, metrics=metrics.requests)
+
+    async def run() -> None:
+        await api.completions(CompletionRequest.model_validate({"prompt": "ab", "max_tokens": 3}))
+        await api.completions(
+            CompletionRequest.model_validate({"prompt": "abc", "max_tokens": 2, "n": 2})
+        )
+        chat = ChatCompletionRequest.model_validate(
+            {"messages": CHAT, "max_tokens": 4, "stream": True}
+        )
+        response = await api.chat(chat)
+        async for _ in response.body_iterator:  # the stream records as it ends
+            pass
+
+    asyncio.run(run())
+    text = metrics.render_fleet({"r1": engine_snapshot(3), "r2": engine_snapshot(1)})
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert s.name.startswith(f"{prefix}:") and s.labels["model_name"] == MODEL, s
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            samples[f"{s.name}{{{labels}}}"] = s.value
+    p = f"{prefix}:"
+    choices = 4  # 1 + 2 forks + 1 chat choice
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
+                 "request_queue_time_seconds", "request_prefill_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens"):  # fmt: skip
+        assert samples[f"{p}{name}_count{{}}"] == choices, name
+    assert samples[f"{p}request_success_total{{finished_reason=length}}"] == choices
+    assert samples[f"{p}request_generation_tokens_sum{{}}"] == 3 + 2 * 2 + 4
+    chat_len = len(TOK.apply_chat_template(CHAT))
+    assert samples[f"{p}request_prompt_tokens_sum{{}}"] == 2 + 2 * 3 + chat_len
+    assert samples[f"{p}inter_token_latency_seconds_count{{}}"] == 2 + 2 * 1 + 3
+    assert samples[f"{p}request_params_n_count{{}}"] == 3  # per request
+    # the engine's metrics: once per replica
+    assert samples[f"{p}request_finished_total{{replica=r1}}"] == 3
+    assert samples[f"{p}request_finished_total{{replica=r2}}"] == 1
 
 
 def test_host_tier_counters(model) -> None:

@@ -27,7 +27,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi import Request
@@ -156,7 +156,10 @@ class OpenAIHandlers:
         else:
             assert body.messages is not None
             ids = await self._render(
-                body.messages, body.add_generation_prompt, body.continue_final_message
+                body.messages,
+                body.add_generation_prompt,
+                body.continue_final_message,
+                body.chat_template_kwargs,
             )
         strs = [self._token_text(False)(t) for t in ids] if body.return_token_strs else None
         return {
@@ -205,7 +208,10 @@ class OpenAIHandlers:
         self._check_model(body.model)
         body.check()
         ids = await self._render(
-            body.messages, body.add_generation_prompt, body.continue_final_message
+            body.messages,
+            body.add_generation_prompt,
+            body.continue_final_message,
+            body.chat_template_kwargs,
         )
         reply = await self._start(
             body, [Prompt(ids)], "messages", DEFAULT_CHAT_MAX_TOKENS, received
@@ -237,10 +243,15 @@ class OpenAIHandlers:
             )
 
     async def _render(
-        self, messages: Sequence[Any], add_generation_prompt: bool, continue_final: bool
+        self,
+        messages: Sequence[Any],
+        add_generation_prompt: bool,
+        continue_final: bool,
+        variables: Mapping[str, Any] | None,
     ) -> list[int]:
-        """The chat prompt's ids (on a worker thread); 400 naming ``messages`` if the
-        template fails."""
+        """The chat prompt's ids (on a worker thread), ``variables`` (``chat_template_kwargs``,
+        checked by the request's ``check()``) passed to the template; 400 naming
+        ``messages`` if the template fails."""
         tokenizer = self._tokenizer("chat")
         inputs = [m.as_template_input() for m in messages]
         render = functools.partial(
@@ -249,6 +260,7 @@ class OpenAIHandlers:
             inputs,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final,
+            variables=variables,
         )
         try:
             return list(await asyncio.to_thread(render))

@@ -1,9 +1,12 @@
 """``GET /metrics``: the engine's gauges and counters and the requests' histograms, in
 Prometheus text (exposition format 0.0.4), written by ``prometheus_client``.
 
-Every sample is labelled ``model_name`` (and ``replica`` in a fleet). Names are vLLM's
-under a prefix, ``radixkv:`` by default; ``prefix="vllm"`` (``radixkv serve
---metrics-prefix vllm``) emits vLLM's own names, so dashboards and alerts built for
+Every sample is labelled ``model_name``; in a fleet the engine's gauges and counters are
+also labelled ``replica`` (one sample per replica: sum over it for the fleet), while the
+requests' histograms and ``request_success`` are the ingress's, which sees every request
+whichever replica runs it. Names are vLLM's under a prefix, ``radixkv:`` by default;
+``prefix="vllm"`` (``radixkv serve --metrics-prefix vllm``, ``FleetIngress(...,
+metrics_prefix="vllm")``) emits vLLM's own names, so dashboards and alerts built for
 vLLM read a radixkv server unchanged. With prefix ``p``:
 
 ==========================================  =========  =====================================
@@ -37,13 +40,17 @@ name                                        type       meaning
 ==========================================  =========  =====================================
 
 The gauges and counters come from the engine thread's snapshot
-(:class:`~radixkv.serve.client.EngineMetrics`) and the host tier's
-:class:`~radixkv.engine.stats.TierStats` at scrape time; the histograms and
-``request_success`` are recorded by the request handlers as each choice ends
-(:class:`RequestMetrics`), with the finish reason the client saw (a stop string is
-``stop``). Times from the engine (queue, prefill, decode, between tokens) are its
-``time.perf_counter`` stamps; time to first token and end to end are measured from
-when the server received the request, as vLLM measures them.
+(:class:`~radixkv.serve.client.EngineMetrics`; in a fleet, every answering replica's)
+and the host tier's :class:`~radixkv.engine.stats.TierStats` at scrape time; the
+histograms and ``request_success`` are recorded by the request handlers
+(:class:`~radixkv.serve.handlers.OpenAIHandlers`, the one code path of the single
+server and the fleet's ingress) as each choice ends (:class:`RequestMetrics`), with the
+finish reason the client saw (a stop string is ``stop``). Times from the engine (queue,
+prefill, decode, between tokens) are differences of its ``time.perf_counter`` stamps (a
+replica's own clock in a fleet); time to first token and end to end are measured from
+when the server (the ingress) received the request, as vLLM measures them. A fleet with
+several ingress replicas has a registry in each, and a scrape through Serve's proxy
+reaches one of them: its requests only.
 """
 
 from __future__ import annotations
@@ -160,7 +167,7 @@ def tokens_buckets(max_len: int) -> list[float]:
 
 
 class _NoRequestMetrics:
-    """Records nothing (a fleet's ingress, whose replicas report their own metrics)."""
+    """Records nothing (handlers built without a ``/metrics`` to report to)."""
 
     def started(self, n: int, max_tokens: int) -> None:
         pass
@@ -290,8 +297,10 @@ class _EngineCollector:
 
 
 class ServerMetrics:
-    """A server's ``/metrics``: the engine collector and :class:`RequestMetrics` in one
-    registry of its own (several servers in one process do not share metrics)."""
+    """A server's ``/metrics``, one engine's or a fleet ingress's: the engine collector and
+    :class:`RequestMetrics` (``requests``, for the handlers) in one registry of its own
+    (several servers in one process do not share metrics). ``ValueError`` naming a bad
+    ``prefix``. Not thread-safe across renders: render from one event loop."""
 
     def __init__(self, model_name: str, prefix: str = DEFAULT_PREFIX, max_model_len: int = 1):
         self.registry = CollectorRegistry(auto_describe=False)
@@ -300,8 +309,20 @@ class ServerMetrics:
         self.requests = RequestMetrics(self.registry, model_name, prefix, max_model_len)
 
     def render(self, metrics: EngineMetrics, tiers: TierStats | None = None) -> str:
-        """The exposition text, with the engine snapshot ``metrics`` (and ``tiers``)."""
-        self._engine.samples, self._engine.tiers = {None: metrics}, tiers
+        """The exposition text, with the engine snapshot ``metrics`` (and ``tiers``).
+
+        Complexity: O(number of metrics and histogram buckets)."""
+        return self._render({None: metrics}, tiers)
+
+    def render_fleet(self, replicas: Mapping[str, EngineMetrics]) -> str:
+        """The exposition text of a fleet's ingress: every engine gauge and counter once per
+        replica in ``replicas`` (labelled ``replica``), and the requests' histograms.
+
+        Complexity: O(number of metrics x replicas + histogram buckets)."""
+        return self._render(replicas, None)
+
+    def _render(self, samples: Mapping[str | None, EngineMetrics], tiers: TierStats | None) -> str:
+        self._engine.samples, self._engine.tiers = samples, tiers
         return generate_latest(self.registry).decode()
 
 

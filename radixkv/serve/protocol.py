@@ -16,7 +16,8 @@ of token-id lists; ``n`` choices per prompt (``best_of`` 1 or ``n``); sampling
 logprobs (completions ``logprobs`` 0-20 and ``echo``; chat ``logprobs`` and
 ``top_logprobs``; vLLM's ``prompt_logprobs``), vLLM's ``cache_salt``,
 ``return_token_ids``, ``return_tokens_as_token_ids`` and ``truncate_prompt_tokens``,
-and chat's ``add_generation_prompt`` and ``continue_final_message``.
+chat's ``add_generation_prompt`` and ``continue_final_message``, and vLLM's
+``chat_template_kwargs`` (extra variables of the chat template, chat and ``/tokenize``).
 
 Every string must be valid Unicode, encodable as UTF-8: JSON's ``"\\ud800"`` escape
 (a lone surrogate) is legal JSON but no text, so a field holding one is a 400
@@ -25,7 +26,8 @@ unencodable reaches the cache. ``stop`` holds at most :data:`MAX_STOP` entries, 
 string at most :data:`MAX_STOP_LEN` characters (OpenAI allows 4 stop sequences).
 :func:`decode_json` is the body's JSON: UTF-8 only, whatever the ``Content-Type``.
 Rules that join two fields (``best_of`` and ``n``, ``min_tokens`` and ``max_tokens``)
-are checked by each request's ``check()``, which raises :class:`FieldError`.
+are checked by each request's ``check()``, which raises :class:`FieldError`; so are
+``chat_template_kwargs``' names and values (:func:`check_chat_template_kwargs`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pydantic import (
 )
 
 from radixkv.checks import is_int
+from radixkv.text.tokenizer import check_template_variables
 
 __all__ = [
     "ChatCompletionRequest",
@@ -63,6 +66,7 @@ __all__ = [
     "NOT_IMPLEMENTED",
     "StreamOptions",
     "TokenizeRequest",
+    "check_chat_template_kwargs",
     "decode_json",
     "namespace_of",
     "new_id",
@@ -197,7 +201,6 @@ _CHAT_NOT_IMPLEMENTED = {
     "functions": ([],),
     "function_call": ("none", "auto"),
     "chat_template": (),
-    "chat_template_kwargs": ({},),
     "documents": ([],),
     "echo": (False,),
     "add_special_tokens": (False,),
@@ -486,6 +489,34 @@ class CompletionRequest(_Sampling):
             )
 
 
+def check_chat_template_kwargs(value: dict[str, Any] | None) -> dict[str, Any]:
+    """``chat_template_kwargs`` as the chat template's extra variables ({} for None), or
+    :class:`FieldError` naming the field: a name the renderer sets itself, a value that is
+    not JSON (a non-finite number: ``json`` reads ``NaN``), a string that is not valid
+    UTF-8 text (see :func:`~radixkv.text.tokenizer.check_template_variables`). A template
+    that does not read a variable renders as without it, as in vLLM. Complexity: O(size
+    of the values)."""
+    name = "chat_template_kwargs"
+    try:
+        variables = check_template_variables(value, name)
+    except (TypeError, ValueError) as exc:
+        raise FieldError(name, str(exc)) from None
+    stack: list[tuple[Any, str]] = [(variables, name)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str) and (problem := utf8_problem(item)) is not None:
+            raise FieldError(name, f"{where}: {problem}")
+        if isinstance(item, dict):
+            for k, v in item.items():
+                inner = f"{where}[{json.dumps(k)}]"
+                if (problem := utf8_problem(k)) is not None:
+                    raise FieldError(name, f"the key of {inner}: {problem}")
+                stack.append((v, inner))
+        elif isinstance(item, list):
+            stack += [(v, f"{where}[{i}]") for i, v in enumerate(item)]
+    return variables
+
+
 class _TextPart(_Strict):
     type: Literal["text"]
     text: Text
@@ -513,7 +544,8 @@ class ChatCompletionRequest(_Sampling):
     ``max_completion_tokens`` (OpenAI's newer name) wins over ``max_tokens``.
     ``add_generation_prompt`` (default true) ends the prompt with the assistant's header;
     ``continue_final_message`` instead leaves the final message open, so the reply
-    continues it (the two exclude each other, as in vLLM).
+    continues it (the two exclude each other, as in vLLM). ``chat_template_kwargs`` are
+    extra variables of the template (:func:`check_chat_template_kwargs`).
     """
 
     NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = _CHAT_NOT_IMPLEMENTED
@@ -530,7 +562,7 @@ class ChatCompletionRequest(_Sampling):
     function_call: Any = None
     parallel_tool_calls: bool | None = None
     chat_template: Any = None
-    chat_template_kwargs: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
     documents: Any = None
     echo: Any = None
     reasoning_effort: Any = None
@@ -563,11 +595,13 @@ class ChatCompletionRequest(_Sampling):
                 "continue_final_message needs add_generation_prompt: false "
                 "(the reply cannot both continue the final message and open a new one)",
             )
+        check_chat_template_kwargs(self.chat_template_kwargs)
 
 
 class TokenizeRequest(_Strict):
     """``POST /tokenize`` (vLLM's): ``prompt`` text, or chat ``messages`` rendered with the
-    chat template (``add_generation_prompt``, ``continue_final_message`` as in chat)."""
+    chat template (``add_generation_prompt``, ``continue_final_message`` and
+    ``chat_template_kwargs`` as in chat)."""
 
     model: Text | None = None
     prompt: Text | None = None
@@ -575,6 +609,7 @@ class TokenizeRequest(_Strict):
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
     def check(self) -> None:
@@ -598,6 +633,13 @@ class TokenizeRequest(_Strict):
                 "continue_final_message",
                 "continue_final_message needs add_generation_prompt: false",
             )
+        if self.prompt is not None and self.chat_template_kwargs:
+            raise FieldError(
+                "chat_template_kwargs",
+                "chat_template_kwargs are variables of the chat template, which renders "
+                "messages, not a prompt",
+            )
+        check_chat_template_kwargs(self.chat_template_kwargs)
 
 
 class DetokenizeRequest(_Strict):

@@ -20,7 +20,7 @@ Torch-free: ``tokenizers`` and ``jinja2`` are imported on first use.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -77,35 +77,49 @@ class GGUFTokenizer:
         add_generation_prompt: bool = True,
         tokenize: bool = False,
         special_tokens_in_content: bool = False,
+        variables: Mapping[str, Any] | None = None,
     ) -> str | list[int]:
-        """Render ``messages`` (``{"role", "content"}`` dicts) with the file's template.
+        """Render ``messages`` (``{"role", "content"}`` dicts) with the file's template,
+        ``variables`` (names to JSON values) as extra variables beside the template's own
+        (``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``, which win
+        over a variable of the same name).
 
         Returns the prompt text, or its ids when ``tokenize`` (BOS only if the
         template does not already emit it). In the ids, special tokens come from the
-        template only: a special token's text in a message's strings is encoded as
-        plain text (the module docstring says why); ``special_tokens_in_content=True``
-        encodes the rendered text whole instead, so that text becomes the special
-        token (vLLM's and SGLang's behaviour). Without special text in the messages
-        both give the same ids. Raises ``ValueError`` if the file has no template, or
-        if the template cut a message's special-token text apart.
+        template only: a special token's text in a message's strings, or in a
+        variable's, is encoded as plain text (the module docstring says why);
+        ``special_tokens_in_content=True`` encodes the rendered text whole instead, so
+        that text becomes the special token (vLLM's and SGLang's behaviour). Without
+        special text in the messages and variables both give the same ids. Raises
+        ``ValueError`` if the file has no template, or if the template cut a message's
+        special-token text apart.
 
-        Complexity: O(rendered length + number of special tokens).
+        Complexity: O(rendered length + number of special tokens + size of variables).
         """
         if self.chat_template is None:
             raise ValueError("this GGUF file has no tokenizer.chat_template")
+        variables = variables or {}
         if tokenize and not special_tokens_in_content and self._specials:
-            return self._encode_chat(self.chat_template, messages, add_generation_prompt)
-        text = _render(self.chat_template, messages, add_generation_prompt, self._token_text)
+            return self._encode_chat(self.chat_template, messages, add_generation_prompt, variables)
+        text = _render(
+            self.chat_template, messages, add_generation_prompt, self._token_text, variables
+        )
         if not tokenize:
             return text
         return self.encode(text, add_special_tokens=not text.startswith(self._token_text("bos")))
 
     def _encode_chat(
-        self, template: str, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool
+        self,
+        template: str,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool,
+        variables: Mapping[str, Any],
     ) -> list[int]:
-        """The prompt's ids with special tokens matched outside the messages' strings only.
+        """The prompt's ids with special tokens matched outside the messages' and the
+        variables' strings only.
 
-        Every special token's text in a message string is swapped for a placeholder
+        Every special token's text in a message string or a variable's string (keys of
+        nested objects included) is swapped for a placeholder
         (``mark`` + index + ``mark``, ``mark`` a character found nowhere else) before
         rendering, so the specials left in the rendered text are the template's. The
         text is split at those, as the tokenizer itself splits at added tokens; each
@@ -113,18 +127,19 @@ class GGUFTokenizer:
         special token split (``encode_special_tokens``).
         """
         specials, pattern = self._specials, self._special_pattern
-        mark = _unused_char(template, messages, specials)
+        mark = _unused_char(template, messages, specials, variables)
         hidden: list[str] = []
 
         def hide(match: re.Match[str]) -> str:
             hidden.append(match.group())
             return f"{mark}{len(hidden) - 1}{mark}"
 
-        masked = [
-            {k: pattern.sub(hide, v) if isinstance(v, str) else v for k, v in m.items()}
-            for m in messages
-        ]
-        text = _render(template, masked, add_generation_prompt, self._token_text)
+        def mask(text: str) -> str:
+            return pattern.sub(hide, text)
+
+        masked = [{k: mask(v) if isinstance(v, str) else v for k, v in m.items()} for m in messages]
+        masked_vars = {k: _map_strings(v, mask) for k, v in variables.items()}
+        text = _render(template, masked, add_generation_prompt, self._token_text, masked_vars)
         unmask = re.compile(f"{re.escape(mark)}([0-9]+){re.escape(mark)}")
         pieces = pattern.split(text)  # one group: odd items are the template's specials
         ids: list[int] = []
@@ -186,10 +201,15 @@ class _Special(NamedTuple):
 
 
 def _unused_char(
-    template: str, messages: Sequence[Mapping[str, Any]], specials: Mapping[str, _Special]
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    specials: Mapping[str, _Special],
+    variables: Mapping[str, Any],
 ) -> str:
-    """A private-use character found in none of the template, message strings and specials."""
+    """A private-use character found in none of the template, message strings, specials and
+    the variables' strings."""
     texts = [template, *specials, *(v for m in messages for v in m.values() if isinstance(v, str))]
+    texts += _strings(variables)
     for candidates in _MARK_CANDIDATES:
         for code in candidates:
             c = chr(code)
@@ -198,11 +218,34 @@ def _unused_char(
     raise ValueError("every private-use character occurs in the messages")
 
 
+def _strings(value: Any) -> list[str]:
+    """Every string in a JSON value, keys of objects included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _map_strings(value: Any, f: Callable[[str], str]) -> Any:
+    """A JSON value with ``f`` applied to every string in it, keys of objects included."""
+    if isinstance(value, str):
+        return f(value)
+    if isinstance(value, Mapping):
+        return {_map_strings(k, f): _map_strings(v, f) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_map_strings(v, f) for v in value]
+    return value
+
+
 def _render(
     template: str,
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool,
     token_text: Any,
+    variables: Mapping[str, Any],
 ) -> str:
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -212,12 +255,13 @@ def _render(
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(
-        messages=list(messages),
-        add_generation_prompt=add_generation_prompt,
-        bos_token=token_text("bos"),
-        eos_token=token_text("eos"),
-    )
+    own = {
+        "messages": list(messages),
+        "add_generation_prompt": add_generation_prompt,
+        "bos_token": token_text("bos"),
+        "eos_token": token_text("eos"),
+    }
+    return env.from_string(template).render({**variables, **own})
 
 
 def load_gguf_tokenizer(path: str | Path | GGUFFile) -> GGUFTokenizer:

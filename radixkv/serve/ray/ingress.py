@@ -15,7 +15,9 @@ refuses gets the same 400 here before any replica sees it;
 cache held.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both also as
-server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` and
+server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (every
+replica's engine metrics, and the requests' histograms this ingress records through the
+handlers, as the single server's; :mod:`radixkv.serve.metrics`) and
 ``GET /replicas`` (the replicas that answer; one that does not is reported
 as unreachable), and ``GET /router``: this ingress's router's view of the
 fleet (load, and the blocks its index holds per replica).
@@ -41,7 +43,7 @@ from radixkv.serve.bodies import default_max_body_bytes, read_body, server_versi
 from radixkv.serve.client import EngineMetrics, RequestOutput
 from radixkv.serve.errors import ApiError, as_api_error, install_error_handlers, parse_body
 from radixkv.serve.handlers import OpenAIHandlers
-from radixkv.serve.metrics import CONTENT_TYPE, render_fleet_metrics
+from radixkv.serve.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
 from radixkv.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -211,8 +213,10 @@ class _RoutedClient:
 @serve.ingress(api)
 class FleetIngress:
     """The OpenAI API over a deployment of :class:`~radixkv.serve.ray.fleet.EngineReplica`
-    (``engine``, a handle), for the model ``model`` served as ``model_name``. Starting, it
-    asks one replica for the :class:`EngineLimits` (so it waits for one to run)."""
+    (``engine``, a handle), for the model ``model`` served as ``model_name``, its
+    ``/metrics`` named under ``metrics_prefix`` (``"vllm"`` for vLLM's own names;
+    ``ValueError`` naming a bad one). Starting, it asks one replica for the
+    :class:`EngineLimits` (so it waits for one to run)."""
 
     async def __init__(
         self,
@@ -221,13 +225,15 @@ class FleetIngress:
         model: str,
         model_name: str,
         send_prompt_text: bool = False,
+        metrics_prefix: str = DEFAULT_PREFIX,
     ) -> None:
         self.engine = engine
         self.tokenizer = load_tokenizer(model)
         self.model_name = model_name
         limits = EngineLimits(**await engine.limits.remote())
         client = _RoutedClient(engine, self.tokenizer, limits, send_prompt_text)
-        self.openai = OpenAIHandlers(client, model_name)
+        self.metrics = ServerMetrics(model_name, metrics_prefix, limits.max_model_len)
+        self.openai = OpenAIHandlers(client, model_name, metrics=self.metrics.requests)
         self.body_limit = default_max_body_bytes(limits.max_model_len)  # as the one-engine app
         self._replica_names: dict[str, str] = {}  # actor id -> replica id, for collect_stats
 
@@ -279,16 +285,17 @@ class FleetIngress:
         return await collect_stats(self.engine, self._replica_names)
 
     @api.get("/metrics")
-    async def metrics(self) -> Response:
+    async def metrics_text(self) -> Response:
         """Prometheus text: every answering replica's engine metrics, labelled ``replica``
-        (one that does not answer is left out, as Prometheus leaves out a dead target)."""
+        (one that does not answer is left out, as Prometheus leaves out a dead target),
+        and the requests' histograms and ``request_success`` this ingress recorded."""
         names = [f.name for f in fields(EngineMetrics)]
         per = {
             rid: EngineMetrics(**{n: row[n] for n in names})
             for rid, row in (await collect_stats(self.engine, self._replica_names)).items()
             if row["state"] == "running"
         }
-        return Response(render_fleet_metrics(per, self.model_name), media_type=CONTENT_TYPE)
+        return Response(self.metrics.render_fleet(per), media_type=CONTENT_TYPE)
 
     @api.get("/router")
     async def routing_snapshot(self) -> dict[str, Any]:
