@@ -233,3 +233,38 @@ def test_a_prompt_scoring_refuses_to_hand_out_unscored_positions() -> None:
     scoring.fill(record(0.5, bs=4))
     scoring.known[4] = True
     assert scoring.result().logprobs == [0.5, 0.5, 0.5, 0.0]
+
+
+# ------------------------------------------------------------ through the server
+def test_lm_eval_shaped_echo_requests_compute_the_context_once() -> None:
+    """lm-eval's loglikelihood request (token ids, ``echo``, ``logprobs: 1``,
+    ``max_tokens: 1``): the second choice of a context reads it (``cached_tokens``), and
+    its prompt logprobs equal the first-choice-free engine's (records off)."""
+    from serve_helpers import TINY_CONFIG, served_engine, tiny_engine
+
+    tiny = random_model(TINY_CONFIG, seed=0)
+    context = [int(t) for t in np.random.default_rng(1).integers(3, 200, 40)]
+    bodies = [
+        {"model": "m", "prompt": context + tail, "echo": True, "logprobs": 1, "max_tokens": 1}
+        for tail in ([50, 51, 52], [60, 61])
+    ]
+    replies = {}
+    for keep in (True, False):
+        engine = tiny_engine(tiny, num_blocks=64, block_size=4, prompt_score_cache=keep)
+        with served_engine(engine, "m") as (server, _):
+            replies[keep] = [server.post("/v1/completions", b) for b in bodies]
+    for keep, pairs in replies.items():
+        assert [status for status, _ in pairs] == [200, 200]
+        cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for _, r in pairs]
+        assert cached == ([0, 40] if keep else [0, 0])
+    for (_, on), (_, off) in zip(replies[True], replies[False], strict=True):
+        lp_on = on["choices"][0]["logprobs"]["token_logprobs"]
+        lp_off = off["choices"][0]["logprobs"]["token_logprobs"]
+        assert lp_on[0] is None and lp_off[0] is None
+        assert lp_on[1:] == pytest.approx(lp_off[1:], abs=ATOL)
+        tops_on = on["choices"][0]["logprobs"]["top_logprobs"]
+        tops_off = off["choices"][0]["logprobs"]["top_logprobs"]
+        assert tops_on[0] is None and len(tops_on) == len(tops_off)
+        for a, b in zip(tops_on[1:], tops_off[1:], strict=True):
+            assert a.keys() == b.keys()
+            assert list(a.values()) == pytest.approx(list(b.values()), abs=ATOL)
