@@ -268,3 +268,15 @@ def test_lm_eval_shaped_echo_requests_compute_the_context_once() -> None:
         for a, b in zip(tops_on[1:], tops_off[1:], strict=True):
             assert a.keys() == b.keys()
             assert list(a.values()) == pytest.approx(list(b.values()), abs=ATOL)
+
+
+def test_a_namespace_reads_only_records_its_own_requests_left(model) -> None:
+    engine = engine_of(model)
+    salted = SamplingParams(1, prompt_logprobs=1)
+    engine.generate([CONTEXT + [1]], salted, namespace="a")  # scored in "a"
+    engine.generate([CONTEXT + [2]], SamplingParams(2), namespace="b")  # cached in "b"
+    [b1] = engine.generate([CONTEXT + [3]], salted, namespace="b")
+    assert b1.stats.cached_tokens == 0  # "b" has the blocks, but not the scores: "a" has
+    [b2] = engine.generate([CONTEXT + [4]], salted, namespace="b")
+    assert b2.stats.cached_tokens == len(CONTEXT) // 4 * 4
+    assert_matches_dense(engine, CONTEXT + [4], b2.prompt_logprobs, 1)

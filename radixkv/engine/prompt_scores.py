@@ -13,10 +13,10 @@ beside it and a later request reads them instead of recomputing the context:
   each position's ``(logprob, rank, top-1 id, top-1 logprob)`` and the hidden
   state of the block's last position (from which the first position of the *next*
   block is scored: its token is not known until a request brings it). Records are
-  content-addressed (a chained 128-bit hash of the block's tokens and all before
-  them), so a record can never describe other tokens than the block it is read
-  for, however blocks are reused; there are as many rows as the pool has blocks,
-  the least recently used going first.
+  content-addressed (a chained 128-bit hash of the block's tokens, all before them
+  and the request's namespace), so a record can never describe other tokens than the
+  block it is read for, however blocks are reused; there are as many rows as the pool
+  has blocks, the least recently used going first.
 - :data:`NO_BLOCK_SCORES` keeps nothing: a scoring request then reads no cached
   prefix and computes its whole prompt (vLLM's behaviour; the baseline of
   ``benchmarks/bench_prompt_scores.py``).
@@ -37,14 +37,14 @@ Memory: ``16 * block_size + hidden_size * dtype bytes + 16`` bytes a record
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from radixkv.cache.hashing import BlockHasher
+from radixkv.cache.hashing import BlockHasher, namespace_bytes
 from radixkv.engine.request import PromptLogprobs, Request
 from radixkv.engine.scheduler import SchedulerOutput
 from radixkv.errors import InvariantError
@@ -225,10 +225,13 @@ class PromptScoring:
     after a prefix read from records), until a step uses it.
     """
 
-    def __init__(self, prompt: np.ndarray, top: int, block_size: int) -> None:
+    def __init__(
+        self, prompt: np.ndarray, top: int, block_size: int, namespace: Hashable = None
+    ) -> None:
         n = len(prompt)
         width = max(top, TOP_KEPT)
         self.prompt, self.top, self.block_size = prompt, top, block_size
+        self.namespace = namespace
         self.logprobs = np.zeros(n, np.float64)
         self.ranks = np.zeros(n, np.int64)
         self.top_ids = np.zeros((n, width), np.int64)
@@ -244,10 +247,13 @@ class PromptScoring:
         return bool(self.known.all())
 
     def names(self) -> list[bytes]:
-        """The record keys of the prompt's full blocks (computed once)."""
+        """The record keys of the prompt's full blocks (computed once). The namespace is in
+        them: a tenant reads only records its own requests left, so how fast its scoring
+        runs says nothing of another tenant's prompts."""
         if self._names is None:
             data = np.ascontiguousarray(self.prompt, dtype=np.int32).tobytes()
-            self._names = _NAMER.chain(data, 4 * self.block_size)
+            extra = namespace_bytes(self.namespace)
+            self._names = _NAMER.chain(data, 4 * self.block_size, extra)
         return self._names
 
     def fill(self, scores: Scores) -> None:
@@ -336,7 +342,7 @@ class PromptScorer:
     def _scoring_of(self, request: Request, top: int) -> PromptScoring:
         scoring = request.prompt_scoring
         if not isinstance(scoring, PromptScoring):
-            scoring = PromptScoring(request.prompt, top, self.block_size)
+            scoring = PromptScoring(request.prompt, top, self.block_size, request.namespace)
             request.prompt_scoring = scoring
         return scoring
 
