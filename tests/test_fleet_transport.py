@@ -492,3 +492,21 @@ def test_payload_bytes_are_msgpack_arrays_of_three() -> None:
         [{"type": "BlockRemoved", "block_hashes": [3], "medium": "GPU", "group_idx": 0}],
         None,
     ]
+
+
+def test_offset_endpoint_moves_a_tcp_port_by_the_rank_as_vllm_does() -> None:
+    from radixkv.fleet.transport import offset_endpoint
+
+    assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert offset_endpoint("tcp://127.0.0.1:5557", 0) == "tcp://127.0.0.1:5557"
+    assert offset_endpoint("tcp://[::1]:5557", 1) == "tcp://[::1]:5558"
+    assert offset_endpoint("tcp://127.0.0.1:*", 3) == "tcp://127.0.0.1:*"  # the OS picks
+    assert offset_endpoint("tcp://127.0.0.1:0", 3) == "tcp://127.0.0.1:0"
+    assert offset_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
+    assert offset_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv-2"
+    with pytest.raises(ValueError, match="endpoint must end in a port number or \\*, got"):
+        offset_endpoint("tcp://host:abc", 1)
+    with pytest.raises(ValueError, match="endpoint must be tcp://HOST:PORT, got 'tcp://5557'"):
+        offset_endpoint("tcp://5557", 1)
+    with pytest.raises(ValueError, match="past port 65535"):
+        offset_endpoint("tcp://*:65535", 1)

@@ -20,6 +20,7 @@ Every wait is bounded by a deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -276,6 +277,22 @@ def test_cache_block_hashes_are_the_chain_hashes_of_what_the_cache_holds() -> No
         cache_block_hashes(RadixCache(BlockAllocator(8, BS)))
 
 
+def test_fleet_event_endpoints_that_would_collide_are_refused() -> None:
+    from radixkv.serve.ray.fleet import check_event_endpoints
+
+    check_event_endpoints(None, None, 4)
+    check_event_endpoints("tcp://*:5557", "tcp://*:5561", 4)  # 5557-5560, 5561-5564
+    check_event_endpoints("tcp://*:*", "tcp://*:*", 4)
+    with pytest.raises(
+        ValueError,
+        match="replica 0 the address tcp://127.0.0.1:5560, which "
+        "the event_endpoint of replica 3 already has: give endpoints 4 ports",
+    ):
+        check_event_endpoints("tcp://*:5557", "tcp://127.0.0.1:5560", 4)
+    with pytest.raises(ValueError, match="replay_endpoint 'tcp://\\*:1' needs an event_endpoint"):
+        check_event_endpoints(None, "tcp://*:1", 2)
+
+
 def test_build_fleet_app_names_a_bad_argument() -> None:
     pytest.importorskip("torch")
     from radixkv.serve.ray.fleet import build_fleet_app
@@ -377,9 +394,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive ports free on 127.0.0.1 now."""
+    rng = np.random.default_rng()
+    for _ in range(200):
+        base = int(rng.integers(20000, 60000))
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + n):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+EVENT_PORTS = free_ports(4)  # the exact fleet's fixed KV-event ports: 2 replicas x 2 sockets
+
+
 @pytest.fixture(scope="module")
 def fleet():
-    """Ray on 2 CPUs with two fleets of 2 random-model replicas: ``/exact`` and ``/serve``."""
+    """Ray on 2 CPUs with two fleets of 2 random-model replicas: ``/exact`` (its KV events
+    on fixed ports from ``EVENT_PORTS``, offset by rank) and ``/serve``."""
     from radixkv.serve.ray.fleet import build_fleet_app
 
     temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # Ray's socket paths must stay short
@@ -403,7 +440,13 @@ def fleet():
         serve.run_many(
             [
                 serve.RunTarget(
-                    build_fleet_app("random", router="exact", **common),
+                    build_fleet_app(
+                        "random",
+                        router="exact",
+                        event_endpoint=f"tcp://127.0.0.1:{EVENT_PORTS}",
+                        replay_endpoint=f"tcp://127.0.0.1:{EVENT_PORTS + 2}",
+                        **common,
+                    ),
                     name="exact",
                     route_prefix="/exact",
                 ),
@@ -779,3 +822,39 @@ def test_killing_a_replica_fails_no_later_request(fleet: str, answers) -> None:
         return victim not in view and survivor in view
 
     wait_for(dropped, "the dead replica to leave the router's view", timeout=15)
+
+
+def test_replicas_publish_on_their_ranks_endpoints_and_replicas_lists_them(fleet: str) -> None:
+    """Issue 24, item 5: a fleet's KV-event endpoints are settable (offset by rank, as vLLM's
+    data-parallel ranks) and listed in /replicas; a plain subscriber on each replica's
+    listed endpoints gets the stream (and the replay) of its cache."""
+    from radixkv.fleet.transport import EventSubscriber
+
+    def both_running() -> dict[str, Any] | None:
+        rows = requests.get(f"{fleet}/exact/replicas", timeout=30).json()
+        up = {k: r for k, r in rows.items() if r["state"] == "running"}
+        return up if len(up) == 2 else None
+
+    # a replica an earlier test killed comes back with its rank, and so its ports
+    rows = wait_for(both_running, "2 running replicas", timeout=60)
+    events = sorted(r["event_endpoint"] for r in rows.values())
+    replays = sorted(r["replay_endpoint"] for r in rows.values())
+    base = EVENT_PORTS
+    assert events == [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
+    assert replays == [f"tcp://127.0.0.1:{base + 2}", f"tcp://127.0.0.1:{base + 3}"]
+    subs = [EventSubscriber(r["event_endpoint"], r["replay_endpoint"]) for r in rows.values()]
+    try:
+        for sub in subs:
+            assert sub.wait_connected(int(DEADLINE_S * 1000))
+        prompt = "A prompt no other test sends, long enough to fill blocks: " * 3
+        post(f"{fleet}/exact/v1/completions", {"model": "random", "prompt": prompt,
+                                                "max_tokens": 2})  # fmt: skip
+        got: list = []
+        deadline = time.monotonic() + DEADLINE_S
+        while not got and time.monotonic() < deadline:
+            for sub in subs:
+                got += [m for m in sub.poll(timeout_ms=50) if isinstance(m, tuple)]
+        assert got, "no KV event batch reached a subscriber of the listed endpoints"
+    finally:
+        for sub in subs:
+            sub.close()

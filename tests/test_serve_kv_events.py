@@ -108,10 +108,11 @@ def test_a_single_server_publishes_vllms_kv_events_live_and_by_replay() -> None:
         (["--kv-events", "tcp://127.0.0.1:0,tcp://127.0.0.1:0,tcp://x"],
          b"ENDPOINT[,REPLAY_ENDPOINT]"),
         (["--kv-events", "nonsense://here"], b"--kv-events: EventPublisher cannot bind"),
-        (["--kv-events", "tcp://127.0.0.1:0", "--replicas", "2", "--router", "exact"],
-         b"--kv-events is for one server"),
-        (["--metrics-prefix", "vllm", "--replicas", "2", "--router", "exact"],
-         b"--metrics-prefix is for one server"),
+        # a fleet: replica r publishes on port + r, so these two ranges overlap
+        (["--kv-events", "tcp://*:5557,tcp://*:5558", "--replicas", "2", "--router", "exact"],
+         b"gives replica 0 the address tcp://*:5558, which the event_endpoint of replica 1"),
+        (["--metrics-prefix", "9x", "--replicas", "2", "--router", "exact"],
+         b"metrics prefix must be letters"),
     ],
 )  # fmt: skip
 def test_bad_kv_events_flags_exit_2_with_one_line(flags, message) -> None:

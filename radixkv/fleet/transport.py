@@ -44,7 +44,15 @@ from radixkv.cache.events import EventBatch, KVCacheEvent
 from radixkv.checks import check_int, check_str
 from radixkv.fleet.wire import Reset, decode_batch, encode_batch  # Reset: re-exported
 
-__all__ = ["END_SEQ", "LOCAL_ENDPOINT", "EventPublisher", "EventSubscriber", "Received", "Reset"]
+__all__ = [
+    "END_SEQ",
+    "LOCAL_ENDPOINT",
+    "EventPublisher",
+    "EventSubscriber",
+    "Received",
+    "Reset",
+    "offset_endpoint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +65,34 @@ Received = tuple[int, EventBatch]  # (seq, batch)
 # socket again: the worst-case extra latency of a replay answer.
 _REPLAY_POLL_S = 0.005
 _START_TIMEOUT_S = 5.0
+
+
+def offset_endpoint(endpoint: str, offset: int) -> str:
+    """``endpoint`` for the publisher of rank ``offset`` among several sharing one setting, as
+    vLLM offsets a data-parallel rank's KV-event endpoints: a TCP port goes up by ``offset``
+    (``tcp://*:5557`` -> ``tcp://*:5559`` for rank 2); a port the OS picks (``*`` or 0)
+    stays so; any other transport (``ipc://``, ``inproc://``) gets ``-{offset}`` appended
+    past rank 0. ``ValueError`` naming ``endpoint`` if its TCP port is not a number, or
+    the result is past 65535. Complexity: O(len(endpoint)).
+
+    >>> offset_endpoint("tcp://127.0.0.1:5557", 1), offset_endpoint("tcp://*:*", 3)
+    ('tcp://127.0.0.1:5558', 'tcp://*:*')
+    """
+    check_str("endpoint", endpoint)
+    offset = check_int("offset", offset, low=0)
+    if not endpoint.startswith("tcp://"):
+        return endpoint if offset == 0 else f"{endpoint}-{offset}"
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or host == "tcp":
+        raise ValueError(f"endpoint must be tcp://HOST:PORT, got {endpoint!r}")
+    if port in ("*", "0"):
+        return endpoint
+    if not port.isdigit():
+        raise ValueError(f"endpoint must end in a port number or *, got {endpoint!r}")
+    moved = int(port) + offset
+    if moved > 65535:
+        raise ValueError(f"endpoint {endpoint!r} offset by {offset} is past port 65535")
+    return f"{host}:{moved}"
 
 
 def _seq_bytes(seq: int) -> bytes:

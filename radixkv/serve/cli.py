@@ -18,7 +18,8 @@ vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` names
 ``/metrics`` as vLLM does.
 
 ``--replicas N`` (N > 1) with ``--router NAME`` serves a fleet on Ray Serve instead
-(:func:`radixkv.serve.ray.fleet.serve_fleet`). This module imports only argparse at
+(:func:`radixkv.serve.ray.fleet.serve_fleet`); SIGINT and SIGTERM stop it, Ray's
+processes included, and it exits as one server does. This module imports only argparse at
 load time; fastapi, uvicorn, torch and ray load when the command runs.
 """
 
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -117,7 +119,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="ENDPOINT[,REPLAY_ENDPOINT]",
         help="publish the cache's KV events (vLLM's ZMQ format) on ENDPOINT, e.g. "
         "tcp://*:5557 (port 0: any free port), serving replay on REPLAY_ENDPOINT if given "
-        "(one server, not a fleet; needs pyzmq)",
+        "(needs pyzmq); in a fleet, replica r publishes on each endpoint's port + r, "
+        "as vLLM's data-parallel ranks do",
     )
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn's log level")
     p.set_defaults(func=run_serve)
@@ -148,8 +151,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return fail(PROG, f"--metrics-prefix: {exc}")
     endpoints = None
     if args.kv_events is not None:
-        endpoints = args.kv_events.split(",")
-        if len(endpoints) > 2 or not all(e.strip() for e in endpoints):
+        endpoints = _kv_events(args.kv_events)
+        if endpoints is None:
             return fail(
                 PROG, f"--kv-events takes ENDPOINT[,REPLAY_ENDPOINT], got {args.kv_events!r}"
             )
@@ -341,12 +344,14 @@ def _run_fleet(args: argparse.Namespace) -> int:
         return fail(PROG, "--replicas > 1 needs --router NAME")
     if args.host_kv_blocks:
         return fail(PROG, "--host-kv-blocks is for one server; a fleet's replicas have none yet")
+    endpoints: list[str | None] = [None, None]
     if args.kv_events is not None:
-        return fail(
-            PROG, "--kv-events is for one server; a fleet's replicas publish on ports of their own"
-        )
-    if args.metrics_prefix != "radixkv":
-        return fail(PROG, "--metrics-prefix is for one server; a fleet's metrics are radixkv's")
+        given = _kv_events(args.kv_events)
+        if given is None:
+            return fail(
+                PROG, f"--kv-events takes ENDPOINT[,REPLAY_ENDPOINT], got {args.kv_events!r}"
+            )
+        endpoints[: len(given)] = given
     if args.special_tokens_in_content:
         return fail(
             PROG,
@@ -358,7 +363,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return fail(PROG, f"a fleet needs Ray Serve ({exc}); pip install 'radixkv[fleet]'")
     try:
-        serve_fleet(
+        stopped_by = serve_fleet(
             args.model,
             replicas=args.replicas,
             router=args.router,
@@ -367,10 +372,27 @@ def _run_fleet(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             num_blocks=args.num_blocks,
             seed=args.seed,
+            event_endpoint=endpoints[0],
+            replay_endpoint=endpoints[1],
+            metrics_prefix=args.metrics_prefix,
         )
     except ValueError as exc:
         return fail(PROG, exc)
+    if stopped_by == signal.SIGTERM:
+        # End as the one-engine server does (uvicorn re-raises it): killed by SIGTERM.
+        sys.stdout.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
     return 0
+
+
+def _kv_events(value: str) -> list[str] | None:
+    """``--kv-events ENDPOINT[,REPLAY_ENDPOINT]`` as its one or two endpoints; None if it is
+    not that shape."""
+    endpoints = value.split(",")
+    if len(endpoints) > 2 or not all(e.strip() for e in endpoints):
+        return None
+    return endpoints
 
 
 def _listen(host: str, port: int) -> socket.socket:

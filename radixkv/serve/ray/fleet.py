@@ -19,7 +19,8 @@ load through ``record_routing_stats``.
 
 ``build_fleet_app(model, replicas=..., router=...)`` returns the application
 (for ``serve.run`` in your own program); :func:`serve_fleet` is
-``radixkv serve --replicas N --router NAME``.
+``radixkv serve --replicas N --router NAME``, stopped by SIGINT or SIGTERM through
+:func:`stop_on_signals`.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ import dataclasses
 import logging
 import math
 import os
-import time
-from collections.abc import AsyncIterator, Hashable, Sequence
-from contextlib import aclosing
+import signal
+import sys
+import threading
+from collections.abc import AsyncIterator, Hashable, Iterator, Sequence
+from contextlib import aclosing, contextmanager
+from types import FrameType
 from typing import Any
 
 import ray
@@ -41,9 +45,10 @@ from radixkv.cache.radix import RadixCache
 from radixkv.checks import check_int, check_number
 from radixkv.engine.request import SamplingParams
 from radixkv.fleet.router import ROUTERS
-from radixkv.fleet.transport import EventPublisher
+from radixkv.fleet.transport import EventPublisher, offset_endpoint
 from radixkv.serve.async_engine import AsyncEngine
 from radixkv.serve.client import RequestOutput
+from radixkv.serve.metrics import DEFAULT_PREFIX, check_prefix
 from radixkv.serve.models import build_engine, event_hasher
 from radixkv.serve.ray.ingress import EngineLimits, FleetIngress
 from radixkv.serve.ray.request_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
@@ -54,9 +59,12 @@ __all__ = [
     "RAY_PREFIX_ROUTER",
     "SERVE_DEFAULT_ROUTER",
     "EngineReplica",
+    "StopSignals",
     "build_fleet_app",
     "cache_block_hashes",
+    "check_event_endpoints",
     "serve_fleet",
+    "stop_on_signals",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,6 +78,7 @@ _RAY_PREFIX_CLASS = (
     ".PrefixCacheAffinityRouter"
 )
 FLEET_ROUTERS = (*sorted(ROUTERS), SERVE_DEFAULT_ROUTER, RAY_PREFIX_ROUTER)
+_APP_NAME = "radixkv"  # serve_fleet's Serve application
 
 
 def cache_block_hashes(cache: RadixCache) -> list[int]:
@@ -86,10 +95,14 @@ def cache_block_hashes(cache: RadixCache) -> list[int]:
 class EngineReplica:
     """One radixkv engine as a Serve replica: an :class:`AsyncEngine` over
     ``build_engine(model, events=True, ...)`` whose KV events go out on an
-    :class:`~radixkv.fleet.transport.EventPublisher` bound on ``event_host``
-    (loopback by default: a one-machine fleet; give the node's address on a
-    cluster). ``torch_threads`` caps the model's CPU threads (replicas on one
-    machine share its cores).
+    :class:`~radixkv.fleet.transport.EventPublisher`. By default it binds ports the OS
+    picks on ``event_host`` (loopback: a one-machine fleet; give the node's address on a
+    cluster); ``event_endpoint`` (and ``replay_endpoint``, else no replay socket) fix
+    them instead, offset by the replica's rank as vLLM offsets a data-parallel rank's
+    (:func:`~radixkv.fleet.transport.offset_endpoint`: rank 1 of ``tcp://*:5557``
+    publishes on 5558). Either way the bound addresses are in :meth:`stats` (the
+    ingress's ``/replicas``) and the replica's Serve metadata. ``torch_threads`` caps
+    the model's CPU threads (replicas on one machine share its cores).
     """
 
     async def __init__(
@@ -101,6 +114,8 @@ class EngineReplica:
         seed: int = 0,
         max_num_seqs: int = 64,
         event_host: str = "127.0.0.1",
+        event_endpoint: str | None = None,
+        replay_endpoint: str | None = None,
         torch_threads: int | None = None,
     ) -> None:
         if torch_threads is not None:
@@ -115,8 +130,13 @@ class EngineReplica:
             seed=seed,
             max_num_seqs=max_num_seqs,
         )
-        address = f"tcp://{event_host}:*"
-        self._publisher = EventPublisher(address, address)
+        if event_endpoint is None:
+            address = f"tcp://{event_host}:*"
+            self._publisher = EventPublisher(address, address)
+        else:
+            rank = serve.get_replica_context().rank.rank
+            replay = None if replay_endpoint is None else offset_endpoint(replay_endpoint, rank)
+            self._publisher = EventPublisher(offset_endpoint(event_endpoint, rank), replay)
         self.engine = AsyncEngine(engine, event_sink=self._publisher.publish)
         await self.engine.start()
         hasher = engine.cache.events_hasher
@@ -180,12 +200,15 @@ class EngineReplica:
         }
 
     async def stats(self) -> dict[str, Any]:
-        """This replica's id, its actor's id (Ray's, which names it in a dead actor's error)
-        and its engine's metrics (every ``EngineMetrics`` field)."""
+        """This replica's id, its actor's id (Ray's, which names it in a dead actor's error),
+        where its KV events are published and its engine's metrics (every
+        ``EngineMetrics`` field)."""
         m = self.engine.metrics()
         return {
             "replica_id": serve.get_replica_context().replica_id.unique_id,
             "actor_id": ray.get_runtime_context().get_actor_id(),
+            "event_endpoint": self.info.event_endpoint,
+            "replay_endpoint": self.info.replay_endpoint,
             **dataclasses.asdict(m),
         }
 
@@ -212,6 +235,9 @@ def build_fleet_app(
     ingress_replicas: int = 1,
     router_options: dict[str, Any] | None = None,
     event_host: str = "127.0.0.1",
+    event_endpoint: str | None = None,
+    replay_endpoint: str | None = None,
+    metrics_prefix: str = DEFAULT_PREFIX,
     stats_period_s: float = 1.0,
     health_check_period_s: float = 10.0,
 ) -> serve.Application:
@@ -224,9 +250,15 @@ def build_fleet_app(
     chain hash are the router's (:func:`~radixkv.serve.models.event_hasher`).
     Each replica reserves ``replica_cpus`` Ray CPUs and runs torch on as many
     threads (at least one); ``stats_period_s`` is how often Serve polls its
-    load. ``ValueError`` naming a bad argument.
+    load. ``event_endpoint`` / ``replay_endpoint`` fix where replica ``r`` publishes its
+    KV events (each endpoint offset by ``r``; :class:`EngineReplica`), ``None``: ports the
+    OS picks on ``event_host``. ``metrics_prefix`` names the ingress's ``/metrics``
+    (``"vllm"``: vLLM's names). ``ValueError`` naming a bad argument, two replicas'
+    endpoints that would collide included.
     """
     replicas = check_int("replicas", replicas, low=1)
+    check_prefix(metrics_prefix)
+    check_event_endpoints(event_endpoint, replay_endpoint, replicas)
     if router not in FLEET_ROUTERS:
         raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
     replica_cpus = check_number("replica_cpus", replica_cpus, low=0, strict=True)
@@ -267,6 +299,8 @@ def build_fleet_app(
         seed=seed,
         max_num_seqs=max_num_seqs,
         event_host=event_host,
+        event_endpoint=event_endpoint,
+        replay_endpoint=replay_endpoint,
         torch_threads=max(1, math.floor(replica_cpus)),
     )
     ingress = FleetIngress.options(
@@ -279,7 +313,77 @@ def build_fleet_app(
         model=model,
         model_name=model_name(model),
         send_prompt_text=router == RAY_PREFIX_ROUTER,
+        metrics_prefix=metrics_prefix,
     )
+
+
+def check_event_endpoints(event: str | None, replay: str | None, replicas: int) -> None:
+    """``ValueError`` unless ``replicas`` publishers can bind ``event`` / ``replay`` offset by
+    their ranks (:func:`~radixkv.fleet.transport.offset_endpoint`) without two sharing an
+    address: a replay endpoint needs an event endpoint, and fixed ports of one host must
+    lie ``replicas`` apart. Complexity: O(replicas)."""
+    if event is None:
+        if replay is not None:
+            raise ValueError(f"replay_endpoint {replay!r} needs an event_endpoint")
+        return
+    taken: dict[str, str] = {}
+    for name, base in (("event_endpoint", event), ("replay_endpoint", replay)):
+        if base is None:
+            continue
+        for rank in range(replicas):
+            address = offset_endpoint(base, rank)
+            if address.endswith((":*", ":0")):
+                break  # the OS picks every port: nothing collides
+            # a TCP port is taken whatever host it is bound on (``*`` binds them all)
+            key = address.rsplit(":", 1)[1] if address.startswith("tcp://") else address
+            if key in taken:
+                raise ValueError(
+                    f"{name} {base!r} gives replica {rank} the address {address}, which "
+                    f"{taken[key]} already has: give endpoints {replicas} ports apart"
+                )
+            taken[key] = f"the {name} of replica {rank}"
+
+
+@dataclasses.dataclass
+class StopSignals:
+    """What :func:`stop_on_signals` yields: the first SIGINT or SIGTERM it caught (None
+    until then), and ``exit_now``, which the caller sets before its last shutdown step."""
+
+    received: signal.Signals | None = None
+    exit_now: bool = False
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[StopSignals]:
+    """While open, SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread,
+    wherever it is, as Ctrl-C does (Ray's blocking calls pass that one exception through,
+    and only it), and the first is recorded in the yielded :class:`StopSignals`. So the
+    caller shuts down in its ``except``/``finally``, and a later signal can cut a slow
+    step of that shutdown short. Once the caller sets ``exit_now``, a signal ends the
+    process at once with ``os._exit(128 + signum)``. On leaving, the handlers from before
+    come back.
+
+    Enter it after ``ray.init``: Ray's core worker puts Abseil's failure handler on
+    SIGTERM (it prints ``*** SIGTERM received`` and a C++ stack, then aborts), and this
+    replaces it for SIGINT and SIGTERM only, so a real crash (SIGSEGV, SIGABRT) still
+    gets Ray's stack dump. Main thread only (``ValueError`` elsewhere, from ``signal``).
+    """
+    stop = StopSignals()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if stop.exit_now:
+            os.write(2, f"radixkv fleet: {signal.Signals(signum).name}, exiting now\n".encode())
+            os._exit(128 + signum)
+        if stop.received is None:
+            stop.received = signal.Signals(signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
 
 
 def serve_fleet(
@@ -292,45 +396,85 @@ def serve_fleet(
     block_size: int,
     num_blocks: int | None,
     seed: int,
-) -> None:
-    """``radixkv serve --replicas N --router NAME``: start Ray (unless connected), run the
-    fleet on ``host:port``, print the URL and a curl line, and serve until interrupted
-    (then shut Serve and the Ray it started down). Each replica gets an equal share of
-    the machine's CPUs, at most one."""
+    event_endpoint: str | None = None,
+    replay_endpoint: str | None = None,
+    metrics_prefix: str = DEFAULT_PREFIX,
+) -> signal.Signals:
+    """``radixkv serve --replicas N --router NAME``: run the fleet on ``host:port``, print
+    the URL, each replica's KV-event endpoints (``event_endpoint`` / ``replay_endpoint``
+    offset by rank, else ports the OS picks; :func:`build_fleet_app`) and a curl line, and
+    serve until SIGINT or SIGTERM (:func:`stop_on_signals`);
+    return that signal once the fleet is down. Each replica gets an equal share of the
+    machine's CPUs, at most one.
+
+    Without Ray running and without ``RAY_ADDRESS``, it starts a Ray cluster of its own
+    and stops all of it (Serve, then every Ray process) on the way out. Attached to a
+    cluster (``RAY_ADDRESS``, or Ray already initialized by the caller), it deletes only
+    its own Serve application; the cluster and its other applications stay. A second
+    signal skips Serve's graceful stop (Ray's own stop, about a second, still runs); one
+    during Ray's stop exits at once."""
     if router not in FLEET_ROUTERS:  # before anything starts
         raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
     replicas = check_int("replicas", replicas, low=1)
-    started_ray = not ray.is_initialized()
-    if started_ray:
+    check_prefix(metrics_prefix)
+    check_event_endpoints(event_endpoint, replay_endpoint, replicas)
+    connect = not ray.is_initialized()  # else the caller's Ray: it stays connected
+    own_cluster = connect and not os.environ.get("RAY_ADDRESS")
+    if connect:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(include_dashboard=False)
-    try:
-        cpus = float(ray.cluster_resources().get("CPU", 1.0))
-        share = max(0.1, min(1.0, (cpus - 0.5) / replicas))
-        app = build_fleet_app(
-            model,
-            replicas=replicas,
-            router=router,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            seed=seed,
-            replica_cpus=round(share, 2),
-        )
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(app, name="radixkv", route_prefix="/")
-        url = f"http://{host}:{port}"
-        name = model_name(model)
-        print(f"radixkv fleet: {replicas} x {name}, router {router}, at {url}", flush=True)
-        print(
-            f"curl {url}/v1/completions -H 'Content-Type: application/json' "
-            f'-d \'{{"model": "{name}", "prompt": "Hello", "max_tokens": 16}}\'',
-            flush=True,
-        )
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        serve.shutdown()
-        if started_ray:
-            ray.shutdown()
+        # "local": a cluster of our own, never one `ray start` left on this machine,
+        # which ray.init() alone would join and our shutdown would then have to spare.
+        ray.init(address="local" if own_cluster else None, include_dashboard=False)
+    with stop_on_signals() as stop:
+        try:
+            cpus = float(ray.cluster_resources().get("CPU", 1.0))
+            share = max(0.1, min(1.0, (cpus - 0.5) / replicas))
+            app = build_fleet_app(
+                model,
+                replicas=replicas,
+                router=router,
+                block_size=block_size,
+                num_blocks=num_blocks,
+                seed=seed,
+                replica_cpus=round(share, 2),
+                event_endpoint=event_endpoint,
+                replay_endpoint=replay_endpoint,
+                metrics_prefix=metrics_prefix,
+            )
+            serve.start(http_options={"host": host, "port": port})
+            serve.run(app, name=_APP_NAME, route_prefix="/")
+            url = f"http://{host}:{port}"
+            name = model_name(model)
+            print(f"radixkv fleet: {replicas} x {name}, router {router}, at {url}", flush=True)
+            engines = serve.get_deployment_handle("EngineReplica", _APP_NAME)
+            for row in sorted(
+                engines.broadcast("stats").results(timeout_s=60), key=lambda r: r["replica_id"]
+            ):
+                replay = row["replay_endpoint"]
+                print(
+                    f"  replica {row['replica_id']}: KV events on {row['event_endpoint']}"
+                    + (f", replay on {replay}" if replay else ""),
+                    flush=True,
+                )
+            print(
+                f"curl {url}/v1/completions -H 'Content-Type: application/json' "
+                f'-d \'{{"model": "{name}", "prompt": "Hello", "max_tokens": 16}}\'',
+                flush=True,
+            )
+            threading.Event().wait()  # until a signal interrupts it
+        except KeyboardInterrupt:
+            signum = stop.received or signal.SIGINT  # None: a KeyboardInterrupt of Ray's own
+            print(f"radixkv fleet: {signum.name}, shutting down", file=sys.stderr, flush=True)
+            return signum
+        finally:
+            try:  # Serve's graceful stop: a second signal skips it
+                if own_cluster:
+                    serve.shutdown()
+                elif _APP_NAME in serve.status().applications:  # not there: stopped early
+                    serve.delete(_APP_NAME)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                stop.exit_now = True  # Ray's own stop is bounded: a signal now exits at once
+                if connect:
+                    ray.shutdown(wait_for_processes=True)

@@ -1,0 +1,154 @@
+"""A fleet stops like one server (issue 24, item 6): SIGTERM and SIGINT end ``radixkv serve
+--replicas 2`` with no traceback, no C++ stack dump and no Ray process left.
+
+The real CLI runs as a subprocess in a session of its own (``start_new_session``), with
+Ray's files in a temp dir of its own: every process of its Ray cluster (GCS, raylet, the
+agents, the Serve actors) is in that session whatever its command line says (Ray renames
+workers ``ray::...``), so ``/proc`` finds them by session id before and after the
+signal. Then :func:`stop_on_signals` alone, in this process and in a child: what a
+second signal does. Every wait is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+
+ROOT = Path(__file__).resolve().parents[1]
+START_S = 150.0  # Ray, Serve and two replicas on 2 busy cores
+STOP_S = 60.0
+GONE_S = 10.0  # for processes already killed to be reaped
+# What Ray's C++ failure handler and Python's faulthandler print.
+DUMP_MARKERS = ("Traceback", "*** SIGTERM received", "*** SIGINT received", "Stack trace")
+DUMP_MARKERS += ("Fatal Python error", "PC: @", "SystemError")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_processes(sid: int) -> dict[int, str]:
+    """Live (not zombie) processes of session ``sid``: pid -> name (``/proc/<pid>/stat``)."""
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rindex(")")
+        fields = stat[rest + 1 :].split()  # state, ppid, pgrp, session, ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found[int(entry.name)] = name
+    return found
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status == 200
+    except OSError:  # refused, reset, timed out (URLError is one)
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes in /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_fleet_and_every_process_of_its_ray(sig: signal.Signals) -> None:
+    temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # Ray's socket paths must stay short
+    port = free_port()
+    env = dict(
+        os.environ,
+        RAY_TMPDIR=temp,
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_TOKEN=secrets.token_hex(16),  # none written to $HOME
+    )
+    env.pop("RAY_ADDRESS", None)  # a cluster of its own
+    cmd = [sys.executable, "-m", "radixkv.cli", "serve", "--model", "random"]
+    cmd += ["--replicas", "2", "--router", "exact", "--num-blocks", "64"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    out_path, err_path = Path(temp) / "stdout.txt", Path(temp) / "stderr.txt"
+    # Files, not pipes: Ray's logs would fill a pipe no one reads.
+    with open(out_path, "wb") as stdout, open(err_path, "wb") as stderr:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+        )
+    try:
+        end = time.monotonic() + START_S
+        # The URL line comes once serve.run has every replica running.
+        while "radixkv fleet:" not in out_path.read_text():
+            assert proc.poll() is None, err_path.read_text()[-3000:]
+            assert time.monotonic() < end, "the fleet did not start in time"
+            time.sleep(0.5)
+        assert answers(f"http://127.0.0.1:{port}/health")
+        before = session_processes(proc.pid)
+        assert {"raylet", "gcs_server"} <= set(before.values()), before
+        assert any(name.startswith("ray::ServeRepl") for name in before.values()), before
+
+        proc.send_signal(sig)
+        proc.wait(timeout=STOP_S)
+        end = time.monotonic() + GONE_S
+        while (left := session_processes(proc.pid)) and time.monotonic() < end:
+            time.sleep(0.2)
+    finally:
+        for pid in session_processes(proc.pid):  # never leave one behind, even on failure
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_S)
+        err = err_path.read_text(errors="replace")
+        shutil.rmtree(temp, ignore_errors=True)
+    assert left == {}, left
+    # As the one-engine server: 0 after SIGINT, killed by SIGTERM after SIGTERM.
+    assert proc.returncode == (0 if sig == signal.SIGINT else -signal.SIGTERM), err[-3000:]
+    assert f"radixkv fleet: {sig.name}, shutting down" in err
+    assert not [m for m in DUMP_MARKERS if m in err], err[-3000:]
+
+
+def test_stop_on_signals_interrupts_records_the_first_signal_and_restores_handlers() -> None:
+    from radixkv.serve.ray.fleet import stop_on_signals
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with stop_on_signals() as stop:
+        assert stop.received is None
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):  # a second one cuts a slow step short
+            signal.raise_signal(signal.SIGINT)
+        assert stop.received == signal.SIGTERM
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_signal_after_exit_now_ends_the_process_at_once() -> None:
+    code = textwrap.dedent(
+        """
+        import signal
+        from radixkv.serve.ray.fleet import stop_on_signals
+        with stop_on_signals() as stop:
+            stop.exit_now = True
+            signal.raise_signal(signal.SIGTERM)
+            print("still running")
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=STOP_S
+    )
+    assert run.returncode == 128 + signal.SIGTERM, run.stderr
+    assert run.stdout == ""
+    assert run.stderr == "radixkv fleet: SIGTERM, exiting now\n"
