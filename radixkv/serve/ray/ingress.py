@@ -51,7 +51,7 @@ from radixkv.serve.protocol import (
     TokenizeRequest,
 )
 from radixkv.serve.ray import router_registry
-from radixkv.text.tokenizer import Tokenizer, load_tokenizer
+from radixkv.text.tokenizer import Tokenizer, context_length, load_tokenizer
 
 __all__ = ["EngineLimits", "FleetIngress", "PromptText", "collect_stats"]
 
@@ -233,7 +233,9 @@ class FleetIngress:
         limits = EngineLimits(**await engine.limits.remote())
         client = _RoutedClient(engine, self.tokenizer, limits, send_prompt_text)
         self.metrics = ServerMetrics(model_name, metrics_prefix, limits.max_model_len)
-        self.openai = OpenAIHandlers(client, model_name, metrics=self.metrics.requests)
+        self.openai = OpenAIHandlers(
+            client, model_name, context_len=context_length(model), metrics=self.metrics.requests
+        )
         self.body_limit = default_max_body_bytes(limits.max_model_len)  # as the one-engine app
         self._replica_names: dict[str, str] = {}  # actor id -> replica id, for collect_stats
 
