@@ -14,32 +14,23 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from model_helpers import ENGINE_CONFIG, TOL
 
 from radixkv.engine import Engine, EngineConfig
 from radixkv.engine.prompt_scores import TOP_KEPT, BlockScores, PromptScoring
 from radixkv.engine.request import PromptLogprobs, SamplingParams
 from radixkv.errors import InvariantError
-from radixkv.model import ModelConfig, random_model
+from radixkv.model import random_model
 
 torch.set_num_threads(1)
 
-CFG = ModelConfig(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-)
-ATOL = 1e-5  # the engine's paged logits against the dense forward (float32)
 CONTEXT = [int(t) for t in np.random.default_rng(0).integers(1, 96, 37)]
 CONTINUATIONS = [[11, 12, 13], [40, 41], [7, 8, 9, 10, 11], [90]]
 
 
 @pytest.fixture(scope="module")
 def model():
-    return random_model(CFG, seed=5)
+    return random_model(ENGINE_CONFIG, seed=5)
 
 
 def engine_of(model, **kw) -> Engine:
@@ -56,11 +47,13 @@ def score(engine: Engine, prompts, top: int = 1) -> list:
 def assert_matches_dense(engine: Engine, prompt: list[int], got: PromptLogprobs, top: int) -> None:
     ref = engine.score_prompt(prompt, top)
     assert len(got.logprobs) == len(prompt) - 1
-    assert got.logprobs == pytest.approx(ref.logprobs, abs=ATOL)
+    assert got.logprobs == pytest.approx(ref.logprobs, rel=TOL["rtol"], abs=TOL["atol"])
     assert got.ranks == ref.ranks
     assert [[t for t, _ in row] for row in got.top] == [[t for t, _ in row] for row in ref.top]
     for row, ref_row in zip(got.top, ref.top, strict=True):
-        assert [v for _, v in row] == pytest.approx([v for _, v in ref_row], abs=ATOL)
+        assert [v for _, v in row] == pytest.approx(
+            [v for _, v in ref_row], rel=TOL["rtol"], abs=TOL["atol"]
+        )
 
 
 # ------------------------------------------------------------ the point
@@ -99,7 +92,9 @@ def test_records_on_and_off_give_the_same_scores(model) -> None:
     on = score(engine_of(model), prompts)
     off = score(engine_of(model, prompt_score_cache=False), prompts)
     for a, b in zip(on, off, strict=True):
-        assert a.prompt_logprobs.logprobs == pytest.approx(b.prompt_logprobs.logprobs, abs=ATOL)
+        assert a.prompt_logprobs.logprobs == pytest.approx(
+            b.prompt_logprobs.logprobs, rel=TOL["rtol"], abs=TOL["atol"]
+        )
         assert a.prompt_logprobs.ranks == b.prompt_logprobs.ranks
         assert a.output_ids == b.output_ids
 
@@ -261,13 +256,15 @@ def test_lm_eval_shaped_echo_requests_compute_the_context_once() -> None:
         lp_on = on["choices"][0]["logprobs"]["token_logprobs"]
         lp_off = off["choices"][0]["logprobs"]["token_logprobs"]
         assert lp_on[0] is None and lp_off[0] is None
-        assert lp_on[1:] == pytest.approx(lp_off[1:], abs=ATOL)
+        assert lp_on[1:] == pytest.approx(lp_off[1:], rel=TOL["rtol"], abs=TOL["atol"])
         tops_on = on["choices"][0]["logprobs"]["top_logprobs"]
         tops_off = off["choices"][0]["logprobs"]["top_logprobs"]
         assert tops_on[0] is None and len(tops_on) == len(tops_off)
         for a, b in zip(tops_on[1:], tops_off[1:], strict=True):
             assert a.keys() == b.keys()
-            assert list(a.values()) == pytest.approx(list(b.values()), abs=ATOL)
+            assert list(a.values()) == pytest.approx(
+                list(b.values()), rel=TOL["rtol"], abs=TOL["atol"]
+            )
 
 
 def test_a_namespace_reads_only_records_its_own_requests_left(model) -> None:
