@@ -282,24 +282,25 @@ class PromptScoring:
 
 
 @dataclass
-class _Target:
-    """One scored position of a step: its request's scores, the position, the token."""
+class _Segment:
+    """Positions ``[first, first + count)`` of one request's prompt, scored by ``count``
+    consecutive vectors of a step."""
 
     scoring: PromptScoring
-    position: int
-    token: int
+    first: int
+    count: int
 
 
 @dataclass
 class _StepPlan:
-    """What one step scores: hidden ``rows`` of the batch for ``row_targets``, kept
-    ``boundaries`` for ``boundary_targets``, and the blocks whose records it completes
-    (``(scoring, block, hidden row)``)."""
+    """What one step scores: hidden ``rows`` of the batch for ``row_segments``, kept
+    ``boundaries`` for ``boundary_segments`` (in that order: the vectors' order), and the
+    blocks whose records it completes (``(scoring, block, hidden row)``)."""
 
     rows: list[int] = field(default_factory=list)
-    row_targets: list[_Target] = field(default_factory=list)
+    row_segments: list[_Segment] = field(default_factory=list)
     boundaries: list[torch.Tensor] = field(default_factory=list)
-    boundary_targets: list[_Target] = field(default_factory=list)
+    boundary_segments: list[_Segment] = field(default_factory=list)
     block_ends: list[tuple[PromptScoring, int, int]] = field(default_factory=list)
 
 
@@ -381,9 +382,9 @@ class PromptScorer:
         vectors = hidden.index_select(0, _index(plan.rows, device))
         if plan.boundaries:
             vectors = torch.cat([vectors, torch.stack(plan.boundaries).to(vectors.dtype)])
-        targets = plan.row_targets + plan.boundary_targets  # the order of ``vectors``
-        if targets:
-            self._score_targets(vectors, targets)
+        segments = plan.row_segments + plan.boundary_segments  # the order of ``vectors``
+        if segments:
+            self._score_segments(vectors, segments)
         for scoring, block, row in plan.block_ends:
             self._keep(scoring, block, hidden[row])
         for seq in out.seqs:
@@ -404,14 +405,14 @@ class PromptScorer:
         by :meth:`usable_blocks` scores position ``start``; a prompt block whose last
         position is in the chunk leaves that position's hidden state for its record.
         """
-        prompt = scoring.prompt
-        n = len(prompt)
-        for p in range(start, min(stop, n - 1)):
-            plan.rows.append(offset + p - start)
-            plan.row_targets.append(_Target(scoring, p + 1, int(prompt[p + 1])))
+        n = len(scoring.prompt)
+        end = min(stop, n - 1)
+        if end > start:
+            plan.rows.extend(range(offset, offset + end - start))
+            plan.row_segments.append(_Segment(scoring, start + 1, end - start))
         if scoring.boundary is not None and scoring.boundary_at == start:
             plan.boundaries.append(scoring.boundary)
-            plan.boundary_targets.append(_Target(scoring, start, int(prompt[start])))
+            plan.boundary_segments.append(_Segment(scoring, start, 1))
             scoring.boundary = None
         if self.store is NO_BLOCK_SCORES:
             return
@@ -421,25 +422,35 @@ class PromptScorer:
             if last >= start:
                 plan.block_ends.append((scoring, block, offset + last - start))
 
-    def _score_targets(self, vectors: torch.Tensor, targets: list[_Target]) -> None:
-        """Logprob, rank and the likeliest tokens of each target, from its hidden vector."""
-        width = max(t.scoring.top_ids.shape[1] for t in targets)
+    def _score_segments(self, vectors: torch.Tensor, segments: list[_Segment]) -> None:
+        """Logprob, rank and the likeliest tokens of each segment's positions, from their
+        hidden ``vectors`` (one a position, in segment order)."""
+        tokens = np.concatenate(
+            [seg.scoring.prompt[seg.first : seg.first + seg.count] for seg in segments]
+        )
+        width = max(seg.scoring.top_ids.shape[1] for seg in segments)
         step = max(1, SCORE_ROWS_ELEMENTS // self.model.config.vocab_size)
-        for lo in range(0, len(targets), step):
-            batch = targets[lo : lo + step]
+        chosen_parts, rank_parts, value_parts, id_parts = [], [], [], []
+        for lo in range(0, len(tokens), step):
             logp = torch.log_softmax(self.model.logits(vectors[lo : lo + step]), dim=-1)
-            tokens = torch.tensor([t.token for t in batch], device=logp.device)
-            chosen = logp.gather(1, tokens[:, None])
-            ranks = ((logp > chosen).sum(dim=-1) + 1).cpu().numpy()
-            chosen_lps = chosen[:, 0].double().cpu().numpy()
+            target = torch.as_tensor(tokens[lo : lo + step], device=logp.device)
+            chosen = logp.gather(1, target[:, None].long())
+            rank_parts.append(((logp > chosen).sum(dim=-1) + 1).cpu().numpy())
+            chosen_parts.append(chosen[:, 0].double().cpu().numpy())
             values, ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
-            values, ids = values.double().cpu().numpy(), ids.cpu().numpy()
-            for j, t in enumerate(batch):
-                s, p = t.scoring, t.position
-                k = s.top_ids.shape[1]
-                s.logprobs[p], s.ranks[p] = chosen_lps[j], ranks[j]
-                s.top_ids[p], s.top_lps[p] = ids[j, :k], values[j, :k]
-                s.known[p] = True
+            value_parts.append(values.double().cpu().numpy())
+            id_parts.append(ids.cpu().numpy())
+        chosen_lps, ranks = np.concatenate(chosen_parts), np.concatenate(rank_parts)
+        top_lps, top_ids = np.concatenate(value_parts), np.concatenate(id_parts)
+        at = 0
+        for seg in segments:
+            s, here = seg.scoring, slice(seg.first, seg.first + seg.count)
+            mine = slice(at, at + seg.count)
+            k = s.top_ids.shape[1]
+            s.logprobs[here], s.ranks[here] = chosen_lps[mine], ranks[mine]
+            s.top_ids[here], s.top_lps[here] = top_ids[mine, :k], top_lps[mine, :k]
+            s.known[here] = True
+            at += seg.count
 
     def _keep(self, scoring: PromptScoring, block: int, hidden: torch.Tensor) -> None:
         """Keep block ``block`` of the request's prompt, all of whose positions are scored."""
