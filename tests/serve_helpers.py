@@ -134,6 +134,24 @@ def spawn_serve(*flags: str) -> tuple[subprocess.Popen, int]:
     return proc, int(url.rsplit(":", 1)[1].split("/")[0])
 
 
+def wait_answering(port: int) -> None:
+    """Wait (at most ``TIMEOUT``) until a spawned server on ``port`` answers ``GET /health``:
+    :func:`spawn_serve` returns once the port is bound, before uvicorn listens on it."""
+    end = time.monotonic() + TIMEOUT
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+        try:
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except ConnectionRefusedError:
+            pass
+        finally:
+            conn.close()
+        assert time.monotonic() < end, "the server never answered"
+        time.sleep(0.05)
+
+
 def wait_idle(ae: AsyncEngine) -> None:
     """Wait (at most ``TIMEOUT``) until ``ae`` has no running, waiting or open request."""
     end = time.monotonic() + TIMEOUT

@@ -379,7 +379,7 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "include_stop_str_in_output": True},
      "include_stop_str_in_output"),
     ("/v1/completions", {"prompt": "hi", "skip_special_tokens": False}, "skip_special_tokens"),
-    ("/v1/completions", {"prompt": "hi", "stream_options": {"continuous_usage_stats": True}},
+    ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": "maybe"}},
      "stream_options"),
     ("/v1/completions", {"prompt": [[1, 2], "a"]}, "prompt"),
     ("/v1/completions", {"prompt": [[1, 2], []]}, "prompt"),

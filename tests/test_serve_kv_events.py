@@ -113,6 +113,10 @@ def test_a_single_server_publishes_vllms_kv_events_live_and_by_replay() -> None:
          b"gives replica 0 the address tcp://*:5558, which the event_endpoint of replica 1"),
         (["--metrics-prefix", "9x", "--replicas", "2", "--router", "exact"],
          b"metrics prefix must be letters"),
+        (["--no-enable-prefix-caching", "--kv-events", "tcp://127.0.0.1:0"],
+         b"--kv-events needs the prefix cache"),
+        (["--no-enable-prefix-caching", "--replicas", "2", "--router", "exact"],
+         b"--no-enable-prefix-caching is for one server"),
     ],
 )  # fmt: skip
 def test_bad_kv_events_flags_exit_2_with_one_line(flags, message) -> None:

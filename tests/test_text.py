@@ -403,3 +403,21 @@ def test_moved_names_stay_importable_from_their_packages(old, new, names) -> Non
     before, after = importlib.import_module(old), importlib.import_module(new)
     for name in names:
         assert getattr(before, name) is getattr(after, name), name
+
+
+def test_encode_plain_takes_off_what_the_tokenizer_adds_to_a_text_prompt() -> None:
+    from radixkv.text.tokenizer import ByteTokenizer, encode_plain
+
+    class WithBos(ByteTokenizer):
+        def encode(self, text: str) -> list[int]:
+            return [256, *super().encode(text)]
+
+    class WithEos(ByteTokenizer):
+        def encode(self, text: str) -> list[int]:
+            return [*super().encode(text), 257]
+
+    assert encode_plain(ByteTokenizer(), "ab") == [97, 98]
+    assert encode_plain(WithBos(), "ab") == [97, 98]
+    assert encode_plain(WithBos(), "") == []
+    with pytest.raises(ValueError, match=r"adds \[257\] to a text prompt elsewhere"):
+        encode_plain(WithEos(), "ab")

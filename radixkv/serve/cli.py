@@ -122,6 +122,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(needs pyzmq); in a fleet, replica r publishes on each endpoint's port + r, "
         "as vLLM's data-parallel ranks do",
     )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the radix prefix cache (default: on); --no-enable-prefix-caching computes every "
+        "prompt in full, as vLLM's flag of that name (a baseline; one server only)",
+    )
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn's log level")
     p.set_defaults(func=run_serve)
 
@@ -149,6 +156,9 @@ def run_serve(args: argparse.Namespace) -> int:
         check_prefix(args.metrics_prefix)
     except ValueError as exc:
         return fail(PROG, f"--metrics-prefix: {exc}")
+    if not args.enable_prefix_caching and (args.kv_events is not None or args.host_kv_blocks):
+        flag = "--kv-events" if args.kv_events is not None else "--host-kv-blocks"
+        return fail(PROG, f"{flag} needs the prefix cache: drop --no-enable-prefix-caching")
     endpoints = None
     if args.kv_events is not None:
         endpoints = _kv_events(args.kv_events)
@@ -177,6 +187,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "max_num_seqs": args.max_num_seqs,
         "seed": args.seed,
         "host_kv_blocks": args.host_kv_blocks,
+        "prefix_caching": args.enable_prefix_caching,
     }
     try:
         config = engine_config(**settings)
@@ -352,6 +363,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
                 PROG, f"--kv-events takes ENDPOINT[,REPLAY_ENDPOINT], got {args.kv_events!r}"
             )
         endpoints[: len(given)] = given
+    if not args.enable_prefix_caching:
+        return fail(PROG, "--no-enable-prefix-caching is for one server; a fleet's replicas cache")
     if args.special_tokens_in_content:
         return fail(
             PROG,

@@ -49,7 +49,7 @@ from radixkv.serve.protocol import (
 )
 from radixkv.serve.responses import envelope
 from radixkv.text.stream import TextStream
-from radixkv.text.tokenizer import Tokenizer, render_chat
+from radixkv.text.tokenizer import Tokenizer, encode_plain, render_chat
 
 __all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_COMPLETION_MAX_TOKENS", "OpenAIHandlers"]
 
@@ -91,6 +91,7 @@ class _Reply:
     prompts: list[Prompt]
     choices: list[Choice]
     include_usage: bool
+    continuous_usage: bool  # usage on every chunk (vLLM's continuous_usage_stats)
     received: float  # loop clock (time.perf_counter) when the request arrived
 
 
@@ -152,7 +153,14 @@ class OpenAIHandlers:
         self._check_model(body.model)
         body.check()
         if body.prompt is not None:
-            ids = await asyncio.to_thread(self._tokenizer("a text prompt").encode, body.prompt)
+            tokenizer = self._tokenizer("a text prompt")
+            if body.add_special_tokens is False:
+                try:
+                    ids = await asyncio.to_thread(encode_plain, tokenizer, body.prompt)
+                except ValueError as exc:
+                    raise ApiError(400, str(exc), param="add_special_tokens") from None
+            else:
+                ids = await asyncio.to_thread(tokenizer.encode, body.prompt)
         else:
             assert body.messages is not None
             ids = await self._render(
@@ -443,7 +451,9 @@ class OpenAIHandlers:
             )
         ]
         rid = new_id("chatcmpl" if chat else "cmpl")
-        return _Reply(rid, spec, prompts, choices, body.include_usage, received)
+        return _Reply(
+            rid, spec, prompts, choices, body.include_usage, body.continuous_usage, received
+        )
 
     # ---------------------------------------------------------- the answer
     async def _answer(self, reply: _Reply, stream: bool, request: Request | None) -> Response:
@@ -509,11 +519,17 @@ class OpenAIHandlers:
         if spec.chat:
             for c in reply.choices:
                 role = {"role": "assistant", "content": ""}
-                yield _sse(envelope(rid, obj, model, [_role_choice(c.index, role)]))
+                extra = {}
+                if reply.continuous_usage:
+                    extra["usage"] = usage_of(reply.choices, reply.prompts)
+                yield _sse(envelope(rid, obj, model, [_role_choice(c.index, role)], **extra))
         try:
             async for choice, out, delta, finish in self._outputs(reply, request):
                 for piece in choice.chunks(out, delta, finish):
-                    yield _sse(envelope(rid, obj, model, [piece]))
+                    extra = {}
+                    if reply.continuous_usage:  # the request's usage so far, as vLLM sends it
+                        extra["usage"] = usage_of(reply.choices, reply.prompts)
+                    yield _sse(envelope(rid, obj, model, [piece], **extra))
             if reply.include_usage:
                 usage = usage_of(reply.choices, reply.prompts)
                 yield _sse(envelope(rid, obj, model, [], usage=usage))

@@ -13,6 +13,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from radixkv.cache.hashing import ChainHasher
+from radixkv.checks import check_bool
 from radixkv.engine.engine import Engine, EngineConfig
 from radixkv.model.loading import load_model
 
@@ -38,9 +39,12 @@ def engine_config(
     seed: int = 0,
     max_num_seqs: int = 64,
     host_kv_blocks: int = 0,
+    prefix_caching: bool = True,
 ) -> EngineConfig:
-    """The :class:`~radixkv.engine.EngineConfig` a served engine runs with (a radix cache;
-    ``num_blocks`` None sizes the pool from the default KV memory). What
+    """The :class:`~radixkv.engine.EngineConfig` a served engine runs with (a radix cache,
+    or none when not ``prefix_caching``: every prompt computed in full, vLLM's
+    ``--no-enable-prefix-caching``; ``num_blocks`` None sizes the pool from the default KV
+    memory). What
     :func:`build_engine` builds over, so a caller can check the pool before building
     (``radixkv serve`` checks it fits in memory). ``ValueError`` naming a bad setting."""
     return EngineConfig(
@@ -49,6 +53,7 @@ def engine_config(
         max_num_seqs=max_num_seqs,
         seed=seed,
         host_kv_blocks=host_kv_blocks,
+        cache="radix" if check_bool("prefix_caching", prefix_caching) else None,
     )
 
 
@@ -62,6 +67,7 @@ def build_engine(
     max_num_seqs: int = 64,
     host_kv_blocks: int = 0,
     special_tokens_in_content: bool = False,
+    prefix_caching: bool = True,
 ) -> Engine:
     """An :class:`~radixkv.engine.Engine` over the model ``spec`` names, with its tokenizer
     set (``engine.tokenizer``) and a radix cache, configured by :func:`engine_config`.
@@ -74,9 +80,10 @@ def build_engine(
     ``ValueError`` if given here). ``events=True`` builds the cache with KV events on
     (:func:`event_hasher`, seed 0, so every replica names a block alike);
     ``engine.cache.take_events()`` returns them. ``host_kv_blocks`` > 0 adds a
-    host-memory tier of that many blocks. The settings are checked before the model
-    loads: ``ValueError`` naming the bad setting, or ``spec`` (see :func:`load_model`);
-    ``TypeError`` for a ``spec`` that is neither a str nor a pair.
+    host-memory tier of that many blocks; ``prefix_caching=False`` caches nothing. The
+    settings are checked before the model loads: ``ValueError`` naming the bad setting,
+    or ``spec`` (see :func:`load_model`); ``TypeError`` for a ``spec`` that is neither a
+    str nor a pair.
     """
     config = engine_config(
         block_size=block_size,
@@ -84,6 +91,7 @@ def build_engine(
         seed=seed,
         max_num_seqs=max_num_seqs,
         host_kv_blocks=host_kv_blocks,
+        prefix_caching=prefix_caching,
     )
     if isinstance(spec, str):
         decoder, tokenizer = load_model(

@@ -247,15 +247,11 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
+    """OpenAI's ``include_usage`` (a last chunk with the request's usage) and vLLM's
+    ``continuous_usage_stats`` (with it, every chunk carries the usage so far)."""
+
     include_usage: bool = False
     continuous_usage_stats: bool = False
-
-    @field_validator("continuous_usage_stats")
-    @classmethod
-    def _not_continuous(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("not supported by this server (leave it out or send false), got true")
-        return v
 
 
 class _Sampling(_Strict):
@@ -382,6 +378,12 @@ class _Sampling(_Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: vLLM's ``continuous_usage_stats``, with ``include_usage``."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -613,20 +615,19 @@ class TokenizeRequest(_Strict):
     return_token_strs: bool = False
 
     def check(self) -> None:
-        """The rules that join fields; :class:`FieldError` naming the field to blame. The
-        tokenizer adds its special tokens to a text prompt, and the chat template its own
-        to messages: ``add_special_tokens`` may only say so (vLLM's defaults)."""
+        """The rules that join fields; :class:`FieldError` naming the field to blame. A text
+        prompt gets the tokenizer's special tokens unless ``add_special_tokens`` is false
+        (vLLM's default: true); messages get the chat template's own, so for them
+        ``add_special_tokens`` may only be false (vLLM's default there)."""
         if (self.prompt is None) == (self.messages is None):
             raise FieldError("prompt", "send either prompt or messages")
         if self.messages is not None and not self.messages:
             raise FieldError("messages", "messages must hold at least one message")
-        special = self.add_special_tokens
-        if special is not None and special != (self.prompt is not None):
-            what = "prompt" if self.prompt is not None else "messages"
+        if self.messages is not None and self.add_special_tokens:
             raise FieldError(
                 "add_special_tokens",
-                f"add_special_tokens: not supported by this server for {what} (leave it out), "
-                f"got {str(special).lower()}",
+                "add_special_tokens: not supported by this server for messages (the chat "
+                "template adds them; leave it out), got true",
             )
         if self.continue_final_message and self.add_generation_prompt:
             raise FieldError(

@@ -45,6 +45,7 @@ __all__ = [
     "Tokenizer",
     "check_template_variables",
     "context_length",
+    "encode_plain",
     "extend_chat",
     "load_gguf_tokenizer",
     "load_hf_tokenizer",
@@ -366,6 +367,27 @@ def extend_chat(
     if history and tail and history[-1] in stops and tail[0] in stops:
         tail = tail[1:]
     return [*history, *tail]
+
+
+def encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
+    """``text``'s ids without the special tokens ``tokenizer.encode`` adds around a text
+    prompt (vLLM's ``add_special_tokens: false``): those it adds to the empty text (a BOS,
+    where the tokenizer asks for one), taken off the front. ``ValueError`` if the
+    tokenizer adds them anywhere else. Complexity: one encode of ``text``.
+
+    >>> encode_plain(ByteTokenizer(), "hi")
+    [104, 105]
+    """
+    added = tokenizer.encode("")
+    ids = tokenizer.encode(text)
+    if not added:
+        return ids
+    if ids[: len(added)] != added:
+        raise ValueError(
+            f"this tokenizer adds {added} to a text prompt elsewhere than at its start: "
+            "leave add_special_tokens out"
+        )
+    return ids[len(added) :]
 
 
 def smollm2_gguf_path() -> Path | None:
