@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_helpers import ENGINE_CONFIG, TOL
+from model_helpers import DEVICES, ENGINE_CONFIG, TOL, on_device
 
 from radixkv.engine import Engine, EngineConfig
 from radixkv.engine.prompt_scores import TOP_KEPT, BlockScores, PromptScoring
@@ -72,6 +72,20 @@ def test_a_scored_context_is_read_not_recomputed(model) -> None:
         assert c.prompt_logprobs is not None
         assert_matches_dense(engine, p, c.prompt_logprobs, 1)
     assert engine.scorer.num_read_positions == len(rest) * (aligned - 1)
+    engine.check()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_records_on_the_model_s_device_give_the_dense_scores(model, device) -> None:
+    """On CUDA the hidden states are kept on the GPU and scoring steps leave the CUDA-graph
+    runner for the eager one (``GraphRunner.hidden``); the scores are the same."""
+    here = on_device(model, device)
+    engine = engine_of(here, max_num_batched_tokens=16)
+    prompts = [CONTEXT + c for c in CONTINUATIONS]
+    done = score(engine, prompts)
+    assert [c.stats.cached_tokens for c in done[1:]] == [len(CONTEXT) // 4 * 4] * 3
+    for c, p in zip(done, prompts, strict=True):
+        assert_matches_dense(engine, p, c.prompt_logprobs, 1)
     engine.check()
 
 
