@@ -328,6 +328,7 @@ class PromptScorer:
         scoring = self._scoring_of(request, top)
         if scoring.complete or num_blocks == 0:
             return num_blocks
+        scoring.boundary = None  # an earlier admission's (preempted since): this one decides
         if top > TOP_KEPT:
             return 0
         rows = self.store.lookup(scoring.names()[:num_blocks])
