@@ -624,6 +624,7 @@ def test_the_ingress_serves_what_the_single_server_serves(fleet: str) -> None:
             ("get", "/version", {}),
             ("post", "/tokenize", {"json": {"prompt": "hello"}}),
             ("post", "/detokenize", {"json": {"tokens": [104, 105]}}),
+            ("get", "/tokenizer_info", {}),
             ("post", "/v1/completions", {"data": json.dumps(prompt)}),  # no Content-Type
             ("post", "/v1/completions", {"data": b"x" * (limit + 1)}),  # over the limit: 413
         ]:

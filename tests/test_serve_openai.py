@@ -691,6 +691,24 @@ def test_tokenize_and_detokenize(server) -> None:
                  "add_special_tokens")  # fmt: skip
 
 
+def test_tokenizer_info_says_what_a_remote_tokenizer_needs(server, templated) -> None:
+    """vLLM's ``GET /tokenizer_info``, which lm-eval's default (``auto``) tokenizer probes:
+    the byte tokenizer's specials have no text (None); a GGUF tokenizer's EOS text encodes,
+    through ``/tokenize`` as lm-eval does, to the EOS id, and its template is given."""
+    status, data, _ = server.request("GET", "/tokenizer_info")
+    info = json.loads(data)
+    assert status == 200 and info["tokenizer_class"] == "ByteTokenizer"
+    assert info["eos_token"] is None and info["chat_template"] is None
+    assert info["model_max_length"] == NUM_BLOCKS * BLOCK_SIZE
+    gguf_server, tok = templated
+    status, data, _ = gguf_server.request("GET", "/tokenizer_info")
+    info = json.loads(data)
+    assert status == 200 and info["tokenizer_class"] == "GGUFTokenizer"
+    assert info["chat_template"] == tok.tokenizer.chat_template
+    eos = ok(gguf_server, "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+    assert eos["tokens"] == [tok.tokenizer.eos_token_id]
+
+
 def test_max_model_len_is_the_models_context(model) -> None:
     ae = AsyncEngine(make_engine(model))
     with Server(build_app(ae, model_name=MODEL, max_model_len=64)) as server:

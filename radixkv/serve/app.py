@@ -6,7 +6,7 @@
   server-sent events (``"stream": true``, ending in ``data: [DONE]``);
 - ``GET /v1/models`` and ``GET /v1/models/{id}`` (``max_model_len``: the model's context
   length where its metadata gives one, else the tokens the KV pool holds), ``GET
-  /version``, vLLM's ``POST /tokenize`` and ``POST /detokenize``;
+  /version``, vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``;
 - ``GET /health`` (200, or 503 once the engine thread failed), ``GET /metrics``
   (Prometheus text, :mod:`radixkv.serve.metrics`, names under ``metrics_prefix``).
 
@@ -138,6 +138,10 @@ def build_app(
     async def tokenize(request: Request) -> dict[str, Any]:
         body = parse_body(TokenizeRequest, await read_body(request, body_limit))
         return await api.tokenize(body)
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info() -> dict[str, Any]:
+        return await api.tokenizer_info()
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:

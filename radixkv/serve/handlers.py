@@ -49,7 +49,7 @@ from radixkv.serve.protocol import (
 )
 from radixkv.serve.responses import envelope
 from radixkv.text.stream import TextStream
-from radixkv.text.tokenizer import Tokenizer, encode_plain, render_chat
+from radixkv.text.tokenizer import Tokenizer, encode_plain, render_chat, tokenizer_info
 
 __all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_COMPLETION_MAX_TOKENS", "OpenAIHandlers"]
 
@@ -176,6 +176,13 @@ class OpenAIHandlers:
             "tokens": ids,
             "token_strs": strs,
         }
+
+    @_api_errors
+    async def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's ``GET /tokenizer_info`` (:func:`~radixkv.text.tokenizer.tokenizer_info`),
+        with ``model_max_length``; a 400 when the server has no tokenizer."""
+        info = tokenizer_info(self._tokenizer("the tokenizer's description"))
+        return {**info, "model_max_length": self.max_model_len}
 
     @_api_errors
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:

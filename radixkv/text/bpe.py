@@ -102,11 +102,11 @@ class GGUFTokenizer:
         if tokenize and not special_tokens_in_content and self._specials:
             return self._encode_chat(self.chat_template, messages, add_generation_prompt, variables)
         text = _render(
-            self.chat_template, messages, add_generation_prompt, self._token_text, variables
+            self.chat_template, messages, add_generation_prompt, self.token_text, variables
         )
         if not tokenize:
             return text
-        return self.encode(text, add_special_tokens=not text.startswith(self._token_text("bos")))
+        return self.encode(text, add_special_tokens=not text.startswith(self.token_text("bos")))
 
     def _encode_chat(
         self,
@@ -139,7 +139,7 @@ class GGUFTokenizer:
 
         masked = [{k: mask(v) if isinstance(v, str) else v for k, v in m.items()} for m in messages]
         masked_vars = {k: _map_strings(v, mask) for k, v in variables.items()}
-        text = _render(template, masked, add_generation_prompt, self._token_text, masked_vars)
+        text = _render(template, masked, add_generation_prompt, self.token_text, masked_vars)
         unmask = re.compile(f"{re.escape(mark)}([0-9]+){re.escape(mark)}")
         pieces = pattern.split(text)  # one group: odd items are the template's specials
         ids: list[int] = []
@@ -160,7 +160,7 @@ class GGUFTokenizer:
                 )
             if plain:
                 ids += self._split_tokenizer.encode(plain, add_special_tokens=False).ids
-        bos = self._token_text("bos")
+        bos = self.token_text("bos")
         if self.add_bos_token and self.bos_token_id is not None and not text.startswith(bos):
             ids = [self.bos_token_id, *ids]
         return ids
@@ -187,7 +187,8 @@ class GGUFTokenizer:
         split.encode_special_tokens = True
         return split
 
-    def _token_text(self, which: str) -> str:
+    def token_text(self, which: str) -> str:
+        """The text of the ``"bos"`` or ``"eos"`` token ("" where the file names none)."""
         i = self.bos_token_id if which == "bos" else self.eos_token_id
         return self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else ""
 

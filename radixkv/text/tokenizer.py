@@ -46,6 +46,7 @@ __all__ = [
     "check_template_variables",
     "context_length",
     "encode_plain",
+    "tokenizer_info",
     "extend_chat",
     "load_gguf_tokenizer",
     "load_hf_tokenizer",
@@ -388,6 +389,29 @@ def encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
             "leave add_special_tokens out"
         )
     return ids[len(added) :]
+
+
+def tokenizer_info(tokenizer: Tokenizer) -> dict[str, Any]:
+    """What vLLM's ``GET /tokenizer_info`` answers: ``tokenizer_class``, the ``bos_token`` /
+    ``eos_token`` / ``pad_token`` texts and the ``chat_template`` (None where there is
+    none), enough for a client to tokenize through the server (lm-eval's remote
+    tokenizer encodes ``eos_token`` with ``/tokenize`` to find its id). A
+    :class:`ChatTokenizer` reports its file's; :class:`ByteTokenizer`'s specials have no
+    text that encodes to them, and another tokenizer's are unknown: None. O(1)."""
+    info: dict[str, Any] = {
+        "tokenizer_class": type(tokenizer).__name__,
+        "bos_token": None,
+        "eos_token": None,
+        "pad_token": None,
+        "chat_template": None,
+    }
+    if isinstance(tokenizer, ChatTokenizer):
+        inner = tokenizer.tokenizer
+        info["tokenizer_class"] = type(inner).__name__
+        info["bos_token"] = inner.token_text("bos") or None
+        info["eos_token"] = inner.token_text("eos") or None
+        info["chat_template"] = inner.chat_template
+    return info
 
 
 def smollm2_gguf_path() -> Path | None:

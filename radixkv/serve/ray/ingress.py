@@ -269,6 +269,10 @@ class FleetIngress:
         body = parse_body(TokenizeRequest, await read_body(request, self.body_limit))
         return await self.openai.tokenize(body)
 
+    @api.get("/tokenizer_info")
+    async def get_tokenizer_info(self) -> dict[str, Any]:
+        return await self.openai.tokenizer_info()
+
     @api.post("/detokenize")
     async def detokenize(self, request: Request) -> dict[str, Any]:
         body = parse_body(DetokenizeRequest, await read_body(request, self.body_limit))
