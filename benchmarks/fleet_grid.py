@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixkv.fleet.router import ExactPrefixRouter
 from radixkv.fleet.sim import (
     SERVICE_PROFILES,
     BatchConfig,
@@ -106,7 +107,8 @@ def run_cell(cell: Cell, reqs: list[SimRequest], variants: Sequence[Variant]) ->
             rate=rate,
             clock=clock,
         )
-        index = getattr(router, "index", None)
+        # only the exact index has a safety net whose expiries count
+        expired = router.index.safety_expired if isinstance(router, ExactPrefixRouter) else ""
         rows.append(
             {
                 "workload": cell.workload,
@@ -130,7 +132,7 @@ def run_cell(cell: Cell, reqs: list[SimRequest], variants: Sequence[Variant]) ->
                 "regret": res.regret,
                 "decision_us_p50": res.decision_us_p50,
                 "decision_us_p99": res.decision_us_p99,
-                "safety_expired": getattr(index, "safety_expired", ""),
+                "safety_expired": expired,
                 "wall_s": time.perf_counter() - t0,
             }
         )
