@@ -45,6 +45,7 @@ from radixkv.engine.prompt_scores import (
     BlockScores,
     PromptScorer,
     ScoreStore,
+    token_scores,
 )
 from radixkv.engine.request import (
     FinishReason,
@@ -498,20 +499,13 @@ class Engine:
         check_prompt_logprobs(len(ids), vocab)
         if len(ids) < 2:
             return PromptLogprobs([], [], [])
-        logits = self.model.forward_dense(ids)
-        logp = torch.log_softmax(logits[:-1].float(), dim=-1)
-        target = ids[1:].to(logp.device)
-        chosen = logp.gather(1, target[:, None])
-        ranks = (logp > chosen).sum(dim=-1) + 1
-        lps = chosen[:, 0].double().cpu().tolist()
-        rank_list = ranks.cpu().tolist()
-        if top:
-            values, index = logp.topk(min(top, vocab), dim=-1)
-            values, index = values.double().cpu().tolist(), index.cpu().tolist()
-            tops = [list(zip(i, v, strict=True)) for i, v in zip(index, values, strict=True)]
-        else:
-            tops = [[] for _ in lps]
-        return PromptLogprobs(lps, rank_list, tops)
+        logits = self.model.forward_dense(ids)[:-1]
+        lps, ranks, top_ids, top_lps = token_scores(logits, ids[1:].numpy(), top)
+        tops = [
+            list(zip(i, v, strict=True))
+            for i, v in zip(top_ids.tolist(), top_lps.tolist(), strict=True)
+        ]
+        return PromptLogprobs(lps.tolist(), ranks.tolist(), tops)
 
     def _fail(self, out: SchedulerOutput, exc: Exception) -> list[Request]:
         """Finish every request of a failed step with an error; return the step's finished."""

@@ -53,6 +53,7 @@ __all__ = [
     "NO_BLOCK_SCORES",
     "ScoreStore",
     "TOP_KEPT",
+    "token_scores",
     "BlockScores",
     "NoBlockScores",
     "PromptScorer",
@@ -70,6 +71,25 @@ Scores = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """Per position: logprob of its token, its rank, the likeliest token and that token's logprob."""
 
 _NAMER = BlockHasher("xxhash", hash_seed=0)  # 128-bit chained names: records' keys
+
+
+def token_scores(logits: torch.Tensor, tokens: np.ndarray, width: int) -> Scores:
+    """For each row of ``logits`` (``[n, vocab]``): the logprob of ``tokens[i]``, its rank (1:
+    the likeliest; ties share the better rank) and the ``width`` likeliest ids and their
+    logprobs (``[n, width]``), as numpy on the host. The one scoring formula, for the
+    prefill's rows and :meth:`~radixkv.engine.Engine.score_prompt`'s dense reference.
+    Complexity: O(n x vocab)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    target = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=logp.device)
+    chosen = logp.gather(1, target[:, None])
+    ranks = ((logp > chosen).sum(dim=-1) + 1).cpu().numpy()
+    values, ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
+    return (
+        chosen[:, 0].double().cpu().numpy(),
+        ranks,
+        ids.cpu().numpy(),
+        values.double().cpu().numpy(),
+    )
 
 
 class ScoreStore(Protocol):
@@ -431,18 +451,11 @@ class PromptScorer:
         )
         width = max(seg.scoring.top_ids.shape[1] for seg in segments)
         step = max(1, SCORE_ROWS_ELEMENTS // self.model.config.vocab_size)
-        chosen_parts, rank_parts, value_parts, id_parts = [], [], [], []
-        for lo in range(0, len(tokens), step):
-            logp = torch.log_softmax(self.model.logits(vectors[lo : lo + step]), dim=-1)
-            target = torch.as_tensor(tokens[lo : lo + step], device=logp.device)
-            chosen = logp.gather(1, target[:, None].long())
-            rank_parts.append(((logp > chosen).sum(dim=-1) + 1).cpu().numpy())
-            chosen_parts.append(chosen[:, 0].double().cpu().numpy())
-            values, ids = logp.topk(min(width, logp.shape[-1]), dim=-1)
-            value_parts.append(values.double().cpu().numpy())
-            id_parts.append(ids.cpu().numpy())
-        chosen_lps, ranks = np.concatenate(chosen_parts), np.concatenate(rank_parts)
-        top_lps, top_ids = np.concatenate(value_parts), np.concatenate(id_parts)
+        parts = [
+            token_scores(self.model.logits(vectors[lo : lo + step]), tokens[lo : lo + step], width)
+            for lo in range(0, len(tokens), step)
+        ]
+        chosen_lps, ranks, top_ids, top_lps = (np.concatenate(p) for p in zip(*parts, strict=True))
         at = 0
         for seg in segments:
             s, here = seg.scoring, slice(seg.first, seg.first + seg.count)
