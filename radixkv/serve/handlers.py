@@ -523,20 +523,20 @@ class OpenAIHandlers:
         """The server-sent events of a streamed response, ending in ``[DONE]``."""
         rid, model, spec = reply.rid, self.model_name, reply.spec
         obj = "chat.completion.chunk" if spec.chat else "text_completion"
+
+        def chunk(piece: dict[str, Any]) -> str:
+            if reply.continuous_usage:  # the request's usage so far, as vLLM sends it
+                usage = usage_of(reply.choices, reply.prompts)
+                return _sse(envelope(rid, obj, model, [piece], usage=usage))
+            return _sse(envelope(rid, obj, model, [piece]))
+
         if spec.chat:
             for c in reply.choices:
-                role = {"role": "assistant", "content": ""}
-                extra = {}
-                if reply.continuous_usage:
-                    extra["usage"] = usage_of(reply.choices, reply.prompts)
-                yield _sse(envelope(rid, obj, model, [_role_choice(c.index, role)], **extra))
+                yield chunk(_role_choice(c.index, {"role": "assistant", "content": ""}))
         try:
             async for choice, out, delta, finish in self._outputs(reply, request):
                 for piece in choice.chunks(out, delta, finish):
-                    extra = {}
-                    if reply.continuous_usage:  # the request's usage so far, as vLLM sends it
-                        extra["usage"] = usage_of(reply.choices, reply.prompts)
-                    yield _sse(envelope(rid, obj, model, [piece], **extra))
+                    yield chunk(piece)
             if reply.include_usage:
                 usage = usage_of(reply.choices, reply.prompts)
                 yield _sse(envelope(rid, obj, model, [], usage=usage))
