@@ -130,13 +130,11 @@ class EngineReplica:
             seed=seed,
             max_num_seqs=max_num_seqs,
         )
-        if event_endpoint is None:
-            address = f"tcp://{event_host}:*"
-            self._publisher = EventPublisher(address, address)
-        else:
-            rank = serve.get_replica_context().rank.rank
-            replay = None if replay_endpoint is None else offset_endpoint(replay_endpoint, rank)
-            self._publisher = EventPublisher(offset_endpoint(event_endpoint, rank), replay)
+        if event_endpoint is None:  # ports the OS picks, replay included
+            event_endpoint = replay_endpoint = f"tcp://{event_host}:*"
+        rank = serve.get_replica_context().rank.rank
+        replay = None if replay_endpoint is None else offset_endpoint(replay_endpoint, rank)
+        self._publisher = EventPublisher(offset_endpoint(event_endpoint, rank), replay)
         self.engine = AsyncEngine(engine, event_sink=self._publisher.publish)
         await self.engine.start()
         hasher = engine.cache.events_hasher
