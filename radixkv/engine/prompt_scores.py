@@ -46,7 +46,7 @@ import torch
 
 from radixkv.cache.hashing import BlockHasher, namespace_bytes
 from radixkv.engine.request import PromptLogprobs, Request
-from radixkv.engine.scheduler import SchedulerOutput
+from radixkv.engine.scheduler import ScheduledSeq, SchedulerOutput
 from radixkv.errors import InvariantError
 
 __all__ = [
@@ -371,12 +371,7 @@ class PromptScorer:
     # ------------------------------------------------------------ steps
     def scores(self, out: SchedulerOutput) -> bool:
         """True if a request of ``out`` has prompt positions to score this step."""
-        for seq in out.seqs:
-            req = seq.request
-            if req.params.prompt_logprobs is not None and req.prompt_logprobs is None:
-                if seq.start < req.prompt_len:
-                    return True
-        return False
+        return any(_scores_prompt(seq) for seq in out.seqs)
 
     @torch.no_grad()
     def score(self, out: SchedulerOutput, hidden: torch.Tensor) -> torch.Tensor:
@@ -394,9 +389,9 @@ class PromptScorer:
         for seq in out.seqs:
             req, start = seq.request, seq.start
             last_rows.append(offset + seq.num_new_tokens - 1)
-            top = req.params.prompt_logprobs
-            if top is not None and req.prompt_logprobs is None and start < req.prompt_len:
-                self._plan(self._scoring_of(req, top), start, seq.stop, offset, plan)
+            if _scores_prompt(seq):
+                scoring = self._scoring_of(req, req.params.prompt_logprobs or 0)
+                self._plan(scoring, start, seq.stop, offset, plan)
             offset += seq.num_new_tokens
         device = hidden.device
         last = self.model.logits(hidden.index_select(0, _index(last_rows, device)))
@@ -479,6 +474,17 @@ class PromptScorer:
             scoring.top_lps[lo:hi, 0].astype(np.float32),
         )
         self.store.put(scoring.names()[block], scores, hidden)
+
+
+def _scores_prompt(seq: ScheduledSeq) -> bool:
+    """Whether ``seq`` has prompt positions to score: its request asks for prompt logprobs,
+    has none yet, and the chunk starts inside the prompt."""
+    req = seq.request
+    return (
+        req.params.prompt_logprobs is not None
+        and req.prompt_logprobs is None
+        and seq.start < req.prompt_len
+    )
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
