@@ -20,7 +20,7 @@ ratios; the largest difference between the two modes' scores (asserted within th
 engine's tolerance, rtol = atol = 1e-4)
 and the records' memory per cached token against the KV's.
 
-    python benchmarks/bench_prompt_scores.py                    # SmolLM2-135M, CPU, ~3 min
+    python benchmarks/bench_prompt_scores.py --docs 2           # SmolLM2-135M, CPU, ~5 min
     python benchmarks/bench_prompt_scores.py --model random --quick   # seconds
 """
 
