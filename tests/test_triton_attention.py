@@ -193,6 +193,33 @@ def test_shared_prefix_blocks_and_reused_holes(device) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize(
+    "config",
+    [None, {"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 32, "BLOCK_N": 64}],
+    ids=["default", "16x16", "32x64"],
+)
+def test_long_extends_split_the_unmasked_bulk_from_the_diagonal(
+    device, block_size, config, monkeypatch
+) -> None:
+    """Tiles deep into a long extend or cached prefix read most keys unmasked.
+
+    Every tile's keys up to its first query's diagonal take the unmasked pass, the
+    rest the masked one; tile sizes that do and do not divide the page, the group
+    or the prefix all equal the reference.
+    """
+    skip_unless_runs("triton", device)
+    tk = _kernels()
+    if config is not None:
+        for size, default in list(tk.PREFILL_CONFIGS.items()):
+            monkeypatch.setitem(tk.PREFILL_CONFIGS, size, {**default, **config})
+    lens = [(150, 150), (40, 200), (1, 90), (67, 131)]
+    s = Scenario(lens, heads=9, kv_heads=3, head_dim=16, block_size=block_size,
+                 dtype=torch.float32, device=device, seed=7 + block_size)  # fmt: skip
+    assert s.rel_error(s.run()) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_dim", [12, 64])
 def test_head_dims_that_are_not_a_tile(device, head_dim) -> None:
     skip_unless_runs("triton", device)

@@ -17,7 +17,10 @@ hands out. Three kernels:
   prefill/extend (causal: query ``i`` of a sequence with ``query_len`` new
   tokens and ``context_len`` in total sees keys ``[0, context_len - query_len +
   i]``) and, in *split* mode, decode: each sequence's context is cut into
-  ``SPLIT_LEN``-token pieces attended in parallel (flash-decoding).
+  ``SPLIT_LEN``-token pieces attended in parallel (flash-decoding). A program
+  reads its keys in two passes (``_attend_keys``): those every row of its tile
+  sees, whole ``BLOCK_N`` tiles up to its first query's diagonal, unmasked; then
+  the diagonal and the tail, masked.
 - ``_merge_splits_kernel`` merges a decode's pieces through their log-sum-exps.
 
 How many pieces a decode is cut into depends on its own context length only,
@@ -95,6 +98,70 @@ def _store_kv_kernel(
 
 
 @triton.jit
+def _attend_keys(
+    acc, l_i, m_i, q, K, V, table, kv_head, offs_d, d_ok, limit,
+    start, end, hi, qk_scale, stride_kt, stride_kh,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over keys ``[start, end)``; returns the updated ``(acc, l_i, m_i)``.
+
+    Unmasked (``MASKED`` false), every key of every iteration is below ``hi`` and
+    visible to every row of the tile, so neither the loads nor the scores are masked
+    and the running maximum stays finite: this is the bulk of a long context. The
+    masked pass takes the keys near the causal diagonal and past ``hi``.
+    """
+    for block_start in range(start, end, BLOCK_N):
+        pos = block_start + tl.arange(0, BLOCK_N)
+        if MASKED:
+            key_ok = pos < hi
+            block = tl.load(table + pos // PAGE, mask=key_ok, other=0)
+        else:
+            block = tl.load(table + pos // PAGE)
+        slot = block.to(tl.int64) * PAGE + pos % PAGE
+        kv_off = slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
+        if MASKED:
+            kv_mask = key_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(K + kv_off)
+        else:
+            k = tl.load(K + kv_off, mask=d_ok[None, :], other=0.0)
+        if FP32_DOT == "":
+            s = tl.dot(q, tl.trans(k))
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=FP32_DOT)
+        if MASKED:
+            s = s * qk_scale
+            visible = (pos[None, :] <= limit[:, None]) & key_ok[None, :]
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no key yet keeps -inf; exp2 of (-inf) - (-inf) is NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+        else:
+            # the scale rides on the subtraction: one fused multiply-add per score
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_safe = m_new
+            p = tl.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            v = tl.load(V + kv_off)
+        else:
+            v = tl.load(V + kv_off, mask=d_ok[None, :], other=0.0)
+        if FP32_DOT == "":
+            pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=FP32_DOT)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _attention_kernel(
     Q, K, V, Out, PartOut, PartLse,
     QStart, QLen, CtxLen, BlockTable,
@@ -124,10 +191,14 @@ def _attention_kernel(
     if SPLIT:
         lo = split.to(tl.int64) * SPLIT_LEN
         hi = tl.minimum(ctx, lo + SPLIT_LEN)
+        # a decode's one query sees every key of its piece
+        full = lo + (hi - lo) // BLOCK_N * BLOCK_N
     else:
         lo = 0
         last_q = tl.minimum(q_len - 1, (tile * BLOCK_M + BLOCK_M - 1) // GROUP)
         hi = prefix + last_q + 1
+        # keys every row of the tile sees: up to its first query's diagonal
+        full = (prefix + tile * BLOCK_M // GROUP + 1) // BLOCK_N * BLOCK_N
     # tiles past a sequence's rows (or pieces past its context) have nothing to do;
     # the padding sequences of a graph batch (q_len 0, context 0) stop here
     if (tile * BLOCK_M < q_len * GROUP) & (lo < hi):
@@ -143,33 +214,18 @@ def _attention_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         table = BlockTable + seq.to(tl.int64) * stride_bt
-        for start in range(lo, hi, BLOCK_N):
-            pos = start + tl.arange(0, BLOCK_N)
-            key_ok = pos < hi
-            block = tl.load(table + pos // PAGE, mask=key_ok, other=0)
-            slot = block.to(tl.int64) * PAGE + pos % PAGE
-            kv_off = slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
-            kv_mask = key_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-            if FP32_DOT == "":
-                s = tl.dot(q, tl.trans(k))
-            else:
-                s = tl.dot(q, tl.trans(k), input_precision=FP32_DOT)
-            s = s * qk_scale
-            visible = (pos[None, :] <= limit[:, None]) & key_ok[None, :]
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-            if FP32_DOT == "":
-                pv = tl.dot(p.to(v.dtype), v)
-            else:
-                pv = tl.dot(p.to(v.dtype), v, input_precision=FP32_DOT)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+        acc, l_i, m_i = _attend_keys(
+            acc, l_i, m_i, q, K, V, table, kv_head, offs_d, d_ok, limit,
+            lo, full, hi, qk_scale, stride_kt, stride_kh,
+            PAGE=PAGE, BLOCK_N=BLOCK_N, EVEN_D=HEAD_DIM == BLOCK_D, MASKED=False,
+            FP32_DOT=FP32_DOT,
+        )  # fmt: skip
+        acc, l_i, m_i = _attend_keys(
+            acc, l_i, m_i, q, K, V, table, kv_head, offs_d, d_ok, limit,
+            full, hi, hi, qk_scale, stride_kt, stride_kh,
+            PAGE=PAGE, BLOCK_N=BLOCK_N, EVEN_D=HEAD_DIM == BLOCK_D, MASKED=True,
+            FP32_DOT=FP32_DOT,
+        )  # fmt: skip
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_safe[:, None]
         if SPLIT:
