@@ -160,7 +160,7 @@ def test_serve_passes_special_tokens_in_content_to_the_model_loader(
 
     seen: list[bool] = []
 
-    def load_model(spec: str, *, seed: int = 0, special_tokens_in_content: bool = False):
+    def load_model(spec: str, *, special_tokens_in_content: bool = False, **options):
         seen.append(special_tokens_in_content)
         raise ValueError("stop here")
 

@@ -300,6 +300,31 @@ def test_load_model_random_is_seeded_and_speaks_bytes() -> None:
         assert torch.equal(x, y), name
 
 
+def test_load_model_casts_to_its_dtype_and_sets_the_backend() -> None:
+    """The same weights in bfloat16 are the float32 ones rounded; the backend is set."""
+    from radixkv.model.loading import MODEL_DTYPES, load_model
+
+    full, _ = load_model("random", seed=2)
+    half, _ = load_model("random", seed=2, dtype="bfloat16", attention_backend="loop")
+    assert full.attention_backend is None and half.attention_backend == "loop"
+    assert MODEL_DTYPES["auto"] == torch.float32 == full.dtype and half.dtype == torch.bfloat16
+    for (name, x), y in zip(full.state_dict().items(), half.state_dict().values(), strict=True):
+        assert torch.equal(x.to(torch.bfloat16), y), name
+
+
+def test_load_model_refuses_a_bad_dtype_or_backend_before_loading(monkeypatch) -> None:
+    from radixkv.model.loading import load_model
+
+    with pytest.raises(ValueError, match=r"dtype must be one of \['auto', .*got 'int8'"):
+        load_model("no-such-model", dtype="int8")  # the spec is never read
+    with pytest.raises(ValueError, match="attention_backend must be one of .*got 'flash'"):
+        load_model("no-such-model", attention_backend="flash")
+    if not torch.cuda.is_available():
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        with pytest.raises(ValueError, match="attention_backend 'triton' cannot run on cpu"):
+            load_model("random", attention_backend="triton")
+
+
 def test_load_model_names_the_spec_of_a_gguf_without_a_tokenizer(tmp_path: Path) -> None:
     from radixkv.model.loading import load_model
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -624,6 +625,23 @@ def test_build_engine_random_with_events() -> None:
         build_engine("random", block_size=0)
 
 
+def test_build_engine_runs_the_dtype_backend_and_graphs_it_is_given() -> None:
+    """vLLM's ``--dtype`` / ``--enforce-eager`` and SGLang's ``--attention-backend`` reach
+    the model and the engine; bad names are refused before anything loads."""
+    engine = build_engine(
+        "random", num_blocks=32, dtype="bfloat16", attention_backend="padded", cuda_graphs=False
+    )
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    assert engine.model.attention_backend == "padded" and engine.config.cuda_graphs is False
+    [c] = engine.generate([list(range(20))], SamplingParams(max_new_tokens=3))
+    assert len(c.output_ids) == 3
+    assert build_engine("random", num_blocks=32).config.cuda_graphs is True
+    with pytest.raises(ValueError, match="dtype must be one of .*, got 'fp8'"):
+        build_engine("random", dtype="fp8")
+    with pytest.raises(ValueError, match="attention_backend must be one of .*, got 'flash'"):
+        build_engine("random", attention_backend="flash")
+
+
 def test_build_engine_takes_a_loaded_model_with_the_config_engine_config_gives() -> None:
     """``radixkv serve`` loads the model itself (to check the pools fit in memory first) and
     hands it to build_engine: one construction path either way."""
@@ -633,8 +651,10 @@ def test_build_engine_takes_a_loaded_model_with_the_config_engine_config_gives()
     assert engine.model is model and engine.tokenizer is tokenizer
     assert engine.config == engine_config(**settings) == build_engine("random", **settings).config
     assert engine.cache.events_hasher is not None
-    with pytest.raises(ValueError, match="special_tokens_in_content is the loader's"):
-        build_engine((model, tokenizer), special_tokens_in_content=True)
+    for option in ({"special_tokens_in_content": True}, {"dtype": "bfloat16"},
+                   {"attention_backend": "padded"}):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{next(iter(option))} is the loader's"):
+            build_engine((model, tokenizer), **option)
     with pytest.raises(TypeError, match="spec must be a str or a .* pair, got list"):
         build_engine([model, tokenizer])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_blocks must be a positive int or None, got 0"):

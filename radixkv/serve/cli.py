@@ -129,6 +129,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the radix prefix cache (default: on); --no-enable-prefix-caching computes every "
         "prompt in full, as vLLM's flag of that name (a baseline; one server only)",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="the model's weights, activations and KV cache (vLLM's flag; default: auto, "
+        "float32, what the loaders give)",
+    )
+    p.add_argument(
+        "--attention-backend",
+        default=None,
+        help="the paged-attention implementation: padded, varlen, loop, cascade or triton "
+        "(SGLang's flag; default: the device's fastest, triton on CUDA, cascade on the CPU)",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every decode step eagerly, without CUDA graphs (vLLM's flag)",
+    )
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn's log level")
     p.set_defaults(func=run_serve)
 
@@ -156,6 +174,9 @@ def run_serve(args: argparse.Namespace) -> int:
         check_prefix(args.metrics_prefix)
     except ValueError as exc:
         return fail(PROG, f"--metrics-prefix: {exc}")
+    problem = _model_options_problem(args)
+    if problem is not None:
+        return fail(PROG, problem)
     if not args.enable_prefix_caching and (args.kv_events is not None or args.host_kv_blocks):
         flag = "--kv-events" if args.kv_events is not None else "--host-kv-blocks"
         return fail(PROG, f"{flag} needs the prefix cache: drop --no-enable-prefix-caching")
@@ -188,6 +209,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "host_kv_blocks": args.host_kv_blocks,
         "prefix_caching": args.enable_prefix_caching,
+        "cuda_graphs": not args.enforce_eager,
     }
     try:
         config = engine_config(**settings)
@@ -198,7 +220,11 @@ def run_serve(args: argparse.Namespace) -> int:
     # available between loading it and allocating them.
     try:
         model, tokenizer = load_model(
-            args.model, seed=args.seed, special_tokens_in_content=args.special_tokens_in_content
+            args.model,
+            seed=args.seed,
+            special_tokens_in_content=args.special_tokens_in_content,
+            dtype=args.dtype,
+            attention_backend=args.attention_backend,
         )
     except ValueError as exc:
         sock.close()
@@ -371,6 +397,9 @@ def _run_fleet(args: argparse.Namespace) -> int:
             "--special-tokens-in-content is for one server; a fleet's ingress "
             "takes special tokens from the chat template only",
         )
+    problem = _model_options_problem(args)
+    if problem is not None:
+        return fail(PROG, problem)
     try:
         from radixkv.serve.ray.fleet import serve_fleet
     except ImportError as exc:
@@ -388,6 +417,9 @@ def _run_fleet(args: argparse.Namespace) -> int:
             event_endpoint=endpoints[0],
             replay_endpoint=endpoints[1],
             metrics_prefix=args.metrics_prefix,
+            dtype=args.dtype,
+            attention_backend=args.attention_backend,
+            cuda_graphs=not args.enforce_eager,
         )
     except ValueError as exc:
         return fail(PROG, exc)
@@ -397,6 +429,20 @@ def _run_fleet(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.raise_signal(signal.SIGTERM)
     return 0
+
+
+def _model_options_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--attention-backend`` cannot run here (one line naming it), else None; loads
+    nothing. ``--dtype`` is argparse's to check."""
+    try:
+        from radixkv.serve.models import check_engine_options
+    except ImportError as exc:
+        return f"{exc}; install the engine extra: pip install 'radixkv[engine]'"
+    try:
+        check_engine_options(args.dtype, args.attention_backend, not args.enforce_eager)
+    except ValueError as exc:
+        return f"--attention-backend: {exc}"
+    return None
 
 
 def _kv_events(value: str) -> list[str] | None:

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 from radixkv.cache.hashing import ChainHasher
 from radixkv.checks import check_bool
 from radixkv.engine.engine import Engine, EngineConfig
-from radixkv.model.loading import load_model
+from radixkv.model.loading import check_model_options, load_model
 
 if TYPE_CHECKING:
     import torch
 
     from radixkv.text.tokenizer import Tokenizer
 
-__all__ = ["build_engine", "engine_config", "event_hasher"]
+__all__ = ["build_engine", "check_engine_options", "engine_config", "event_hasher"]
 
 
 def event_hasher(seed: int | str = 0) -> ChainHasher:
@@ -30,6 +30,15 @@ def event_hasher(seed: int | str = 0) -> ChainHasher:
     ``cbor2`` is installed, else ``xxhash``."""
     name = "sha256_cbor" if importlib.util.find_spec("cbor2") is not None else "xxhash"
     return ChainHasher(name, seed=seed)
+
+
+def check_engine_options(dtype: str, attention_backend: str | None, cuda_graphs: bool) -> None:
+    """Check what :func:`build_engine` passes to the loader and the engine config, before
+    anything loads: ``ValueError`` naming ``dtype`` or ``attention_backend``
+    (:func:`~radixkv.model.loading.check_model_options`), ``TypeError`` naming
+    ``cuda_graphs`` unless it is a bool. A fleet checks its replicas' options here."""
+    check_model_options(dtype, attention_backend)
+    check_bool("cuda_graphs", cuda_graphs)
 
 
 def engine_config(
@@ -40,11 +49,13 @@ def engine_config(
     max_num_seqs: int = 64,
     host_kv_blocks: int = 0,
     prefix_caching: bool = True,
+    cuda_graphs: bool = True,
 ) -> EngineConfig:
     """The :class:`~radixkv.engine.EngineConfig` a served engine runs with (a radix cache,
     or none when not ``prefix_caching``: every prompt computed in full, vLLM's
     ``--no-enable-prefix-caching``; ``num_blocks`` None sizes the pool from the default KV
-    memory). What
+    memory; ``cuda_graphs`` False runs every decode step eagerly, vLLM's
+    ``--enforce-eager``). What
     :func:`build_engine` builds over, so a caller can check the pool before building
     (``radixkv serve`` checks it fits in memory). ``ValueError`` naming a bad setting."""
     return EngineConfig(
@@ -54,6 +65,7 @@ def engine_config(
         seed=seed,
         host_kv_blocks=host_kv_blocks,
         cache="radix" if check_bool("prefix_caching", prefix_caching) else None,
+        cuda_graphs=cuda_graphs,
     )
 
 
@@ -68,16 +80,19 @@ def build_engine(
     host_kv_blocks: int = 0,
     special_tokens_in_content: bool = False,
     prefix_caching: bool = True,
+    cuda_graphs: bool = True,
+    dtype: str = "auto",
+    attention_backend: str | None = None,
 ) -> Engine:
     """An :class:`~radixkv.engine.Engine` over the model ``spec`` names, with its tokenizer
     set (``engine.tokenizer``) and a radix cache, configured by :func:`engine_config`.
 
     ``spec`` is loaded here (``load_model(spec, seed=seed,
-    special_tokens_in_content=...)``: ``special_tokens_in_content`` True lets
-    special-token text in chat messages become special tokens, see
-    :class:`~radixkv.text.tokenizer.ChatTokenizer`), or a ``(decoder, tokenizer)`` pair
-    ``load_model`` returned (``special_tokens_in_content`` was the loader's to apply:
-    ``ValueError`` if given here). ``events=True`` builds the cache with KV events on
+    special_tokens_in_content=..., dtype=..., attention_backend=...)``:
+    ``special_tokens_in_content`` True lets special-token text in chat messages become
+    special tokens, see :class:`~radixkv.text.tokenizer.ChatTokenizer`), or a
+    ``(decoder, tokenizer)`` pair ``load_model`` returned (those three were the loader's
+    to apply: ``ValueError`` if given here). ``events=True`` builds the cache with KV events on
     (:func:`event_hasher`, seed 0, so every replica names a block alike);
     ``engine.cache.take_events()`` returns them. ``host_kv_blocks`` > 0 adds a
     host-memory tier of that many blocks; ``prefix_caching=False`` caches nothing. The
@@ -92,16 +107,26 @@ def build_engine(
         max_num_seqs=max_num_seqs,
         host_kv_blocks=host_kv_blocks,
         prefix_caching=prefix_caching,
+        cuda_graphs=cuda_graphs,
     )
     if isinstance(spec, str):
         decoder, tokenizer = load_model(
-            spec, seed=seed, special_tokens_in_content=special_tokens_in_content
+            spec,
+            seed=seed,
+            special_tokens_in_content=special_tokens_in_content,
+            dtype=dtype,
+            attention_backend=attention_backend,
         )
     elif isinstance(spec, tuple) and len(spec) == 2:
-        if special_tokens_in_content:
+        given = {
+            "special_tokens_in_content": special_tokens_in_content,
+            "dtype": dtype != "auto",
+            "attention_backend": attention_backend is not None,
+        }
+        if any(given.values()):
+            name = next(k for k, v in given.items() if v)
             raise ValueError(
-                "special_tokens_in_content is the loader's: pass it to load_model, "
-                "not with a model it already loaded"
+                f"{name} is the loader's: pass it to load_model, not with a model it already loaded"
             )
         decoder, tokenizer = spec
     else:

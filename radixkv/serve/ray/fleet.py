@@ -49,7 +49,7 @@ from radixkv.fleet.transport import EventPublisher, offset_endpoint
 from radixkv.serve.async_engine import AsyncEngine
 from radixkv.serve.client import RequestOutput
 from radixkv.serve.metrics import DEFAULT_PREFIX, check_prefix
-from radixkv.serve.models import build_engine, event_hasher
+from radixkv.serve.models import build_engine, check_engine_options, event_hasher
 from radixkv.serve.ray.ingress import EngineLimits, FleetIngress
 from radixkv.serve.ray.request_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
 from radixkv.text.tokenizer import model_name
@@ -102,7 +102,8 @@ class EngineReplica:
     (:func:`~radixkv.fleet.transport.offset_endpoint`: rank 1 of ``tcp://*:5557``
     publishes on 5558). Either way the bound addresses are in :meth:`stats` (the
     ingress's ``/replicas``) and the replica's Serve metadata. ``torch_threads`` caps
-    the model's CPU threads (replicas on one machine share its cores).
+    the model's CPU threads (replicas on one machine share its cores); ``dtype``,
+    ``attention_backend`` and ``cuda_graphs`` go to ``build_engine``.
     """
 
     async def __init__(
@@ -117,6 +118,9 @@ class EngineReplica:
         event_endpoint: str | None = None,
         replay_endpoint: str | None = None,
         torch_threads: int | None = None,
+        dtype: str = "auto",
+        attention_backend: str | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         if torch_threads is not None:
             import torch
@@ -129,6 +133,9 @@ class EngineReplica:
             events=True,
             seed=seed,
             max_num_seqs=max_num_seqs,
+            dtype=dtype,
+            attention_backend=attention_backend,
+            cuda_graphs=cuda_graphs,
         )
         if event_endpoint is None:  # ports the OS picks, replay included
             event_endpoint = replay_endpoint = f"tcp://{event_host}:*"
@@ -238,6 +245,9 @@ def build_fleet_app(
     metrics_prefix: str = DEFAULT_PREFIX,
     stats_period_s: float = 1.0,
     health_check_period_s: float = 10.0,
+    dtype: str = "auto",
+    attention_backend: str | None = None,
+    cuda_graphs: bool = True,
 ) -> serve.Application:
     """The fleet as a Serve application: :class:`FleetIngress` over ``replicas`` x
     :class:`EngineReplica` of ``model``, routed by ``router``.
@@ -251,10 +261,12 @@ def build_fleet_app(
     load. ``event_endpoint`` / ``replay_endpoint`` fix where replica ``r`` publishes its
     KV events (each endpoint offset by ``r``; :class:`EngineReplica`), ``None``: ports the
     OS picks on ``event_host``. ``metrics_prefix`` names the ingress's ``/metrics``
-    (``"vllm"``: vLLM's names). ``ValueError`` naming a bad argument, two replicas'
-    endpoints that would collide included.
+    (``"vllm"``: vLLM's names). ``dtype``, ``attention_backend`` and ``cuda_graphs`` are
+    each replica's (:func:`~radixkv.serve.models.build_engine`). ``ValueError`` naming a
+    bad argument, two replicas' endpoints that would collide included.
     """
     replicas = check_int("replicas", replicas, low=1)
+    check_engine_options(dtype, attention_backend, cuda_graphs)
     check_prefix(metrics_prefix)
     check_event_endpoints(event_endpoint, replay_endpoint, replicas)
     if router not in FLEET_ROUTERS:
@@ -299,6 +311,9 @@ def build_fleet_app(
         event_host=event_host,
         event_endpoint=event_endpoint,
         replay_endpoint=replay_endpoint,
+        dtype=dtype,
+        attention_backend=attention_backend,
+        cuda_graphs=cuda_graphs,
         torch_threads=max(1, math.floor(replica_cpus)),
     )
     ingress = FleetIngress.options(
@@ -397,6 +412,9 @@ def serve_fleet(
     event_endpoint: str | None = None,
     replay_endpoint: str | None = None,
     metrics_prefix: str = DEFAULT_PREFIX,
+    dtype: str = "auto",
+    attention_backend: str | None = None,
+    cuda_graphs: bool = True,
 ) -> signal.Signals:
     """``radixkv serve --replicas N --router NAME``: run the fleet on ``host:port``, print
     the URL, each replica's KV-event endpoints (``event_endpoint`` / ``replay_endpoint``
@@ -416,6 +434,7 @@ def serve_fleet(
     replicas = check_int("replicas", replicas, low=1)
     check_prefix(metrics_prefix)
     check_event_endpoints(event_endpoint, replay_endpoint, replicas)
+    check_engine_options(dtype, attention_backend, cuda_graphs)
     connect = not ray.is_initialized()  # else the caller's Ray: it stays connected
     own_cluster = connect and not os.environ.get("RAY_ADDRESS")
     if connect:
@@ -438,6 +457,9 @@ def serve_fleet(
                 event_endpoint=event_endpoint,
                 replay_endpoint=replay_endpoint,
                 metrics_prefix=metrics_prefix,
+                dtype=dtype,
+                attention_backend=attention_backend,
+                cuda_graphs=cuda_graphs,
             )
             serve.start(http_options={"host": host, "port": port})
             serve.run(app, name=_APP_NAME, route_prefix="/")
