@@ -15,19 +15,28 @@ Three tables, on one device in one run (SmolLM2-135M's shape with random weights
 3. **Prefill attention**, one layer: the ``triton`` extend kernel over a paged
    pool against one dense ``scaled_dot_product_attention`` call on the same
    shapes without paging (``enable_gqa``, ``is_causal``), as tokens per second;
-   and ``padded`` over the same pool.
+   and ``padded`` over the same pool. Timed as launched (CUDA events around a
+   call Python launches) and as kernels (``triton.testing.do_bench``: device time).
+
+``--sweep`` also times other launch configs of the triton kernels (by
+``do_bench``) and picks, per kernel and dtype, the one closest to each shape's
+best (geometric mean); ``--save-configs F`` writes the pick, ``--configs F`` runs
+with it: choose on the selection shapes, then report held-out shapes
+(``gpu_check.sh`` does both).
 
     python benchmarks/bench_decode.py --device cuda --out benchmarks/results/decode_cuda.csv
 
 Needs a GPU (the triton backend compiles for CUDA); prints its tables and, with
 ``--out``, writes them as one CSV. ``--device cpu`` with ``TRITON_INTERPRET=1`` is a
-dry run of the decode table on tiny sizes (no floors, no graphs, no prefill), to
-check the script before spending GPU time.
+dry run on tiny sizes (no floors, no graphs; e.g. ``--seqs 2 --ctx 20-30 --layers 1
+--prefill-shapes 1x32``), to check the script before spending GPU time.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import statistics
 import time
 from functools import partial
@@ -83,6 +92,56 @@ def event_time(fn, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def kernel_time(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn``'s kernels alone, by ``triton.testing.do_bench``.
+
+    Each timed call follows an L2 flush that keeps the GPU busy while Python
+    launches it, so the figure is device time without the host's launch cost (which
+    ``event_time`` includes). The dry run falls back to ``event_time``.
+    """
+    if not torch.cuda.is_available():
+        return event_time(fn, repeats)
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=5, rep=max(20, repeats * 2), return_mode="median"))
+
+
+def best_config(timings: dict[str, dict[str, float]]) -> str:
+    """The config (key of ``timings[shape]``) with the lowest geometric mean of its time / each
+    shape's best time, over the shapes every config ran on."""
+    shapes = [s for s in timings if timings[s]]
+    configs = set.intersection(*(set(timings[s]) for s in shapes))
+
+    def score(config: str) -> float:
+        return float(np.exp(np.mean([
+            np.log(timings[s][config] / min(timings[s].values())) for s in shapes
+        ])))  # fmt: skip
+
+    return min(sorted(configs), key=score)
+
+
+PREFILL_SWEEP = (
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+)
+DECODE_SWEEP = (
+    ({"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, 256),
+    ({"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, 256),
+    ({"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}, 256),
+    ({"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}, 256),
+    ({"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}, 256),
+    ({"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, 128),
+    ({"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, 512),
+)
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a 1 GiB device-to-device copy, counting bytes read plus written."""
     src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
@@ -104,7 +163,7 @@ def launch_floor() -> float:
     return statistics.median(cuda_time(graph.replay, 50)) * 1e3
 
 
-def decode_step(args, dtype: torch.dtype, rows: list[dict]) -> None:
+def decode_step(args, dtype: torch.dtype, rows: list[dict], sweeps) -> None:
     cfg = smollm2_shaped(args.layers)
     dev = args.device
     rng = np.random.default_rng(args.seed)
@@ -166,7 +225,7 @@ def decode_step(args, dtype: torch.dtype, rows: list[dict]) -> None:
     )  # fmt: skip
     reference = ref_model(ref_batch, ref_pool).float()
     del ref_model, ref_pool
-    decode_attention(args, dtype, pool, ids, ctx, tables, rows)
+    decode_attention(args, dtype, pool, ids, ctx, tables, rows, sweeps)
 
     t0 = time.perf_counter()
     graphs = DecodeGraphs(models["triton"], pool, args.seqs, hi + 1, capture=on_gpu)
@@ -202,8 +261,12 @@ def decode_step(args, dtype: torch.dtype, rows: list[dict]) -> None:
         )  # fmt: skip
 
 
-def decode_attention(args, dtype, pool, ids, ctx, tables, rows: list[dict]) -> None:
-    """One layer's decode attention alone: padded vs triton (and, with --sweep, its configs)."""
+def decode_attention(args, dtype, pool, ids, ctx, tables, rows: list[dict], sweeps) -> None:
+    """One layer's decode attention alone: padded vs triton (and, with --sweep, its configs).
+
+    Times are ``kernel_time`` (device time, launch hidden); a sweep records each
+    config's time in ``sweeps`` for ``best_config``.
+    """
     import radixkv.model.triton_attention as tk
 
     dev, bs, n = args.device, pool.block_size, len(ids)
@@ -214,20 +277,17 @@ def decode_attention(args, dtype, pool, ids, ctx, tables, rows: list[dict]) -> N
         device=dev,
     )  # fmt: skip
     want = paged_attention(q, k_cache, v_cache, padded).float()
-    t_pad = event_time(partial(paged_attention, q, k_cache, v_cache, padded), args.repeats)
+    t_pad = kernel_time(partial(paged_attention, q, k_cache, v_cache, padded), args.repeats)
     kind = 4 if dtype == torch.float32 else 2
     default = (dict(tk.DECODE_CONFIGS[kind]), tk.SPLIT_LEN)
     variants = [default]
     if args.sweep:
-        variants += [
-            ({"BLOCK_N": bn, "num_warps": w, "num_stages": st}, sl)
-            for bn, w, st, sl in ((32, 4, 2, 256), (128, 4, 2, 256), (64, 8, 2, 256),
-                                  (64, 4, 3, 256), (64, 4, 2, 128), (64, 4, 2, 512))
-        ]  # fmt: skip
+        variants += [v for v in DECODE_SWEEP if v != default]
     width = max(len(t) for t in tables)
     bt = np.zeros((n, width), dtype=np.int64)
     for i, t in enumerate(tables):
         bt[i, : len(t)] = t
+    timings = sweeps.setdefault(("decode", kind), {}).setdefault(f"{n}x{args.ctx}", {})
     for config, split_len in variants:
         tk.DECODE_CONFIGS[kind], tk.SPLIT_LEN = config, split_len
         meta = tk.TritonAttention(
@@ -236,25 +296,35 @@ def decode_attention(args, dtype, pool, ids, ctx, tables, rows: list[dict]) -> N
             block_tables=torch.from_numpy(bt).to(dev), block_size=bs, max_query_len=1,
             max_splits=decode_splits(max(ctx)),
         )  # fmt: skip
-        got = meta.attend(q, k_cache, v_cache).float()
-        err = float((got - want).norm() / want.norm())
-        t = event_time(partial(meta.attend, q, k_cache, v_cache), args.repeats)
         label = f"{config} split {split_len}" + (
             " (default)" if (config, split_len) == default else ""
         )
+        try:
+            got = meta.attend(q, k_cache, v_cache).float()
+            t = kernel_time(partial(meta.attend, q, k_cache, v_cache), args.repeats)
+        except Exception as exc:  # noqa: BLE001 - a config may not fit the chip
+            print(f"  decode config {label}: failed ({type(exc).__name__})")
+            continue
+        err = float((got - want).norm() / want.norm())
+        timings[repr((config, split_len))] = t
         print(
             f"decode attention, one layer, {n} seqs, {str(dtype)[6:]}: padded {t_pad:.4f} ms, "
             f"triton {label} {t:.4f} ms ({t_pad / t:.1f}x); rel err vs padded {err:.1e}"
         )
         rows.append(
             {"table": "decode_attention", "what": f"triton {label}", "dtype": str(dtype)[6:],
-             "median_ms": round(t, 5), "padded_ms": round(t_pad, 5), "rel_err_vs_padded": err}
+             "kernel_ms": round(t, 5), "padded_kernel_ms": round(t_pad, 5),
+             "rel_err_vs_padded": err}
         )  # fmt: skip
     tk.DECODE_CONFIGS[kind], tk.SPLIT_LEN = default
 
 
-def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
-    """One layer's prefill attention: triton (paged) vs dense SDPA (unpaged) vs padded (paged)."""
+def prefill_attention(args, dtype: torch.dtype, rows: list[dict], sweeps) -> None:
+    """One layer's prefill attention: triton (paged) vs dense SDPA (unpaged) vs padded (paged).
+
+    Each is timed twice: ``event_time`` (Python launches it, as the engine's eager
+    prefill does) and ``kernel_time`` (device time alone): the kernels' own ratio.
+    """
     dev = args.device
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     bs = 16
@@ -296,26 +366,24 @@ def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
 
         kind = 4 if dtype == torch.float32 else 2
         default = dict(tk.PREFILL_CONFIGS[kind])
-        if args.sweep:
-            for config in (
-                {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-                {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-                {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
-                {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
-                {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-            ):
-                tk.PREFILL_CONFIGS[kind] = config
-                try:
-                    t = event_time(partial(meta.attend, q, k_cache, v_cache), args.repeats)
-                except Exception as exc:  # noqa: BLE001 - a config may not fit the chip
-                    print(f"  sweep {config}: failed ({type(exc).__name__})")
-                    continue
+        timings = sweeps.setdefault(("prefill", kind), {}).setdefault(f"{batch}x{length}", {})
+        for config in [default] + (
+            [c for c in PREFILL_SWEEP if c != default] if args.sweep else []
+        ):
+            tk.PREFILL_CONFIGS[kind] = config
+            try:
+                t = kernel_time(partial(meta.attend, q, k_cache, v_cache), args.repeats)
+            except Exception as exc:  # noqa: BLE001 - a config may not fit the chip
+                print(f"  sweep {config}: failed ({type(exc).__name__})")
+                continue
+            timings[repr(config)] = t
+            if args.sweep:
                 print(f"  sweep prefill {batch}x{length} {str(dtype)[6:]} {config}: {t:.4f} ms")
                 rows.append(
                     {"table": "prefill_sweep", "what": str(config), "dtype": str(dtype)[6:],
-                     "shape": f"{batch}x{length}", "median_ms": round(t, 4)}
+                     "shape": f"{batch}x{length}", "kernel_ms": round(t, 4)}
                 )  # fmt: skip
-            tk.PREFILL_CONFIGS[kind] = default
+        tk.PREFILL_CONFIGS[kind] = default
         fns = {
             "sdpa_dense": partial(
                 F.scaled_dot_product_attention, qd, kd, vd, is_causal=True, enable_gqa=True
@@ -328,21 +396,66 @@ def prefill_attention(args, dtype: torch.dtype, rows: list[dict]) -> None:
         got = fns["triton"]().float()
         err = float((got - ref).norm() / ref.norm())
         times = {name: event_time(fn, args.repeats) for name, fn in fns.items()}
+        kernel = {name: kernel_time(fn, args.repeats) for name, fn in fns.items()}
         tokens = batch * length
-        line = ", ".join(
-            f"{n} {t:.3f} ms ({tokens / t / 1e3:.2f} Mtok/s)" for n, t in times.items()
-        )
-        print(
-            f"prefill attention {batch}x{length} {str(dtype)[6:]}: {line}; triton / dense "
-            f"{times['sdpa_dense'] / times['triton']:.2f}; rel err vs dense {err:.1e}"
-        )
-        for name, t in times.items():
+        for label, t in (("launched", times), ("kernels", kernel)):
+            line = ", ".join(
+                f"{n} {ms:.3f} ms ({tokens / ms / 1e3:.2f} Mtok/s)" for n, ms in t.items()
+            )
+            print(
+                f"prefill attention {batch}x{length} {str(dtype)[6:]}, {label}: {line}; "
+                f"triton / dense {t['sdpa_dense'] / t['triton']:.2f}"
+            )
+        print(f"  rel err vs dense {err:.1e}")
+        for name in fns:
             rows.append(
                 {"table": "prefill", "what": name, "dtype": str(dtype)[6:],
-                 "shape": f"{batch}x{length}", "median_ms": round(t, 4),
-                 "mtok_s": round(tokens / t / 1e3, 3),
-                 "vs_dense": round(times["sdpa_dense"] / t, 3), "rel_err_vs_dense": err}
+                 "shape": f"{batch}x{length}", "median_ms": round(times[name], 4),
+                 "mtok_s": round(tokens / times[name] / 1e3, 3),
+                 "vs_dense": round(times["sdpa_dense"] / times[name], 3),
+                 "kernel_ms": round(kernel[name], 4),
+                 "kernel_vs_dense": round(kernel["sdpa_dense"] / kernel[name], 3),
+                 "rel_err_vs_dense": err}
             )  # fmt: skip
+
+
+def choose_configs(sweeps, rows: list[dict]) -> dict:
+    """Per kernel and dtype size, the swept config that ``best_config`` picks; printed and
+    recorded as ``chosen`` rows. Returns ``{"prefill": {size: config}, "decode": {size: [config,
+    split_len]}}`` (JSON-ready), for ``--configs`` of a later run."""
+    chosen: dict = {"prefill": {}, "decode": {}}
+    for (kernel, size), timings in sorted(sweeps.items()):
+        if not timings or min(len(t) for t in timings.values()) < 2:
+            continue  # nothing was swept
+        pick = best_config(timings)
+        chosen[kernel][str(size)] = ast.literal_eval(pick)
+        for shape, t in timings.items():
+            print(
+                f"chosen {kernel} config for {size}-byte pools: {pick}; on {shape} "
+                f"{t[pick]:.4f} ms, {t[pick] / min(t.values()):.2f}x the best there"
+            )
+            rows.append(
+                {"table": "chosen", "what": f"{kernel} {pick}", "dtype": f"{size}-byte",
+                 "shape": shape, "kernel_ms": round(t[pick], 5),
+                 "vs_best": round(t[pick] / min(t.values()), 3)}
+            )  # fmt: skip
+    return chosen
+
+
+def apply_configs(path: Path) -> None:
+    """Set the triton kernels' launch configs to those a ``--save-configs`` run chose."""
+    import radixkv.model.triton_attention as tk
+
+    chosen = json.loads(path.read_text())
+    for size, config in chosen.get("prefill", {}).items():
+        tk.PREFILL_CONFIGS[int(size)] = config
+    for size, (config, split_len) in chosen.get("decode", {}).items():
+        tk.DECODE_CONFIGS[int(size)] = config
+        tk.SPLIT_LEN = split_len
+    print(
+        f"configs from {path}: prefill {tk.PREFILL_CONFIGS}, decode {tk.DECODE_CONFIGS}, "
+        f"split {tk.SPLIT_LEN}"
+    )
 
 
 def main() -> None:
@@ -359,19 +472,38 @@ def main() -> None:
     ap.add_argument(
         "--prefill-shapes", default="4x1024,1x4096,16x512", help="SEQSxLEN,... (dry run: 2x48)"
     )
+    ap.add_argument(
+        "--save-configs",
+        type=Path,
+        default=None,
+        help="with --sweep: write the configs chosen on these shapes as JSON",
+    )
+    ap.add_argument(
+        "--configs",
+        type=Path,
+        default=None,
+        help="run with the configs a --save-configs run chose (held-out check)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_decode.py needs a CUDA device (or --device cpu, a dry run)")
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (dry run)"
     print(f"{where}, torch {torch.__version__}")
+    if args.configs is not None:
+        apply_configs(args.configs)
     rows: list[dict] = []
+    sweeps: dict = {}
     for name in args.dtypes.split(","):
         dtype = DTYPES[name]
-        decode_step(args, dtype, rows)
+        decode_step(args, dtype, rows, sweeps)
         if not args.skip_prefill:
-            prefill_attention(args, dtype, rows)
+            prefill_attention(args, dtype, rows, sweeps)
         torch.cuda.empty_cache()
+    chosen = choose_configs(sweeps, rows)
+    if args.save_configs is not None:
+        args.save_configs.write_text(json.dumps(chosen, indent=1))
+        print(f"chosen configs written to {args.save_configs}")
     save_rows(rows, args.out, "decode_cuda.csv")
 
 

@@ -13,6 +13,10 @@ all measured in the same run. ``--docs`` rewrites the table in docs/serving.md.
 
     python benchmarks/bench_serve.py [--model random] [--replicas 2]
         [--routers serve,ray_prefix,pow2,chwbl,approx,exact] [--out F] [--docs]
+
+``--routers ''`` plays the one-engine row alone; ``--serve-args`` passes more
+flags to every server (``--dtype``, ``--attention-backend``, ``--enforce-eager``,
+``--no-enable-prefix-caching``: one engine's variants, as ``gpu_smollm2.sh`` runs them).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shlex
 import signal
 import socket
 import subprocess
@@ -79,6 +84,7 @@ def run_setup(
     port = free_port()
     cmd = [sys.executable, "-m", "radixkv.cli", "serve", "--model", args.model]
     cmd += ["--port", str(port), "--num-blocks", str(args.num_blocks), "--log-level", "warning"]
+    cmd += shlex.split(args.serve_args)
     if router is not None:
         cmd += ["--replicas", str(args.replicas), "--router", router]
     t0 = time.perf_counter()
@@ -134,6 +140,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--num-blocks", type=int, default=512, help="KV blocks per engine")
     ap.add_argument("--no-single", action="store_true", help="skip the one-engine row")
+    ap.add_argument(
+        "--serve-args",
+        default="",
+        help="more flags for every server, e.g. '--dtype bfloat16 --enforce-eager'",
+    )
     ap.add_argument("--out", type=Path, help="write the rows as CSV here")
     ap.add_argument("--docs", action="store_true", help="rewrite the table in docs/serving.md")
     args = ap.parse_args()
@@ -156,6 +167,7 @@ def main() -> None:
                 "setup": setup,
                 "router": router or "-",
                 "model": args.model,
+                "serve_args": args.serve_args,
                 "requests": len(res.records),
                 "errors": res.num_errors,
                 "ttft_p50_ms": 1e3 * res.ttft_p50,

@@ -10,6 +10,7 @@ import pytest
 import torch
 from model_helpers import DEVICES, PagedSession, on_device
 
+from radixkv.engine import Engine, EngineConfig, SamplingParams
 from radixkv.model.loading import load_gguf
 from radixkv.text.gguf import open_gguf
 from radixkv.text.tokenizer import load_gguf_tokenizer, smollm2_gguf_path
@@ -80,6 +81,39 @@ def test_greedy_answer_is_plausible_and_paged_equals_dense(smollm2, device) -> N
     answer = tok.decode(out)
     print(f"SmolLM2 greedy answer on {device}: {answer!r} ({out})")
     assert "Paris" in answer
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cache", ["radix", None])
+def test_engine_on_cuda_graphs_on_equal_off_padded_and_the_cpu(smollm2, cache) -> None:
+    """The real weights through the engine: greedy tokens of chats sharing a system prompt,
+    twice (the second round reads the cache when there is one), are the same with CUDA
+    graphs on (triton), off (triton), with padded on the GPU and on the CPU."""
+    import copy
+
+    from radixkv.engine.model_runner import GraphRunner
+
+    cpu_model, tok = smollm2
+    system = {"role": "system", "content": "You are a concise assistant. Answer in one line."}
+    questions = ["What is the capital of France?", "Name a prime number.", "What is 2 + 3?"]
+    prompts = [tok.apply_chat_template([system, {"role": "user", "content": q}], tokenize=True)
+               for q in questions]  # fmt: skip
+    greedy = SamplingParams(max_new_tokens=12)
+    cfg = dict(block_size=16, num_blocks=128, max_num_seqs=4, cache=cache)
+
+    def two_rounds(engine: Engine) -> list[list[int]]:
+        return [list(c.output_ids) for _ in range(2) for c in engine.generate(prompts, greedy)]
+
+    want = two_rounds(Engine(cpu_model, EngineConfig(**cfg)))
+    for backend, graphs in (("triton", True), ("triton", False), ("padded", False)):
+        model = copy.deepcopy(cpu_model).cuda()
+        model.attention_backend = backend
+        engine = Engine(model, EngineConfig(**cfg, cuda_graphs=graphs))
+        assert isinstance(engine.runner, GraphRunner) == graphs
+        assert two_rounds(engine) == want, (backend, graphs)
+        if graphs:
+            assert engine.runner.num_replayed > 0
 
 
 TEXTS = [
