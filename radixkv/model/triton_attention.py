@@ -98,6 +98,27 @@ def _store_kv_kernel(
 
 
 @triton.jit
+def _load_tile(ptrs, key_ok, d_ok, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A ``[BLOCK_N, BLOCK_D]`` tile of K or V at ``ptrs``: masked by key and dim, by dim
+    alone (a head dim below the tile's), or not at all."""
+    if MASKED:
+        return tl.load(ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    elif EVEN_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _dot(a, b, FP32_DOT: tl.constexpr):
+    """``a @ b`` in fp32 accumulators; fp32 inputs at ``FP32_DOT`` precision (e.g. tf32x3)."""
+    if FP32_DOT == "":
+        return tl.dot(a, b)
+    else:
+        return tl.dot(a, b, input_precision=FP32_DOT)
+
+
+@triton.jit
 def _attend_keys(
     acc, l_i, m_i, q, K, V, table, kv_head, offs_d, d_ok, limit,
     start, end, hi, qk_scale, stride_kt, stride_kh,
@@ -113,24 +134,15 @@ def _attend_keys(
     """
     for block_start in range(start, end, BLOCK_N):
         pos = block_start + tl.arange(0, BLOCK_N)
+        key_ok = pos < hi  # all true in the unmasked pass, which never reads it
         if MASKED:
-            key_ok = pos < hi
             block = tl.load(table + pos // PAGE, mask=key_ok, other=0)
         else:
             block = tl.load(table + pos // PAGE)
         slot = block.to(tl.int64) * PAGE + pos % PAGE
         kv_off = slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
-        if MASKED:
-            kv_mask = key_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(K + kv_off)
-        else:
-            k = tl.load(K + kv_off, mask=d_ok[None, :], other=0.0)
-        if FP32_DOT == "":
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision=FP32_DOT)
+        k = _load_tile(K + kv_off, key_ok, d_ok, MASKED, EVEN_D)
+        s = _dot(q, tl.trans(k), FP32_DOT)
         if MASKED:
             s = s * qk_scale
             visible = (pos[None, :] <= limit[:, None]) & key_ok[None, :]
@@ -146,16 +158,8 @@ def _attend_keys(
             p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            v = tl.load(V + kv_off)
-        else:
-            v = tl.load(V + kv_off, mask=d_ok[None, :], other=0.0)
-        if FP32_DOT == "":
-            pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=FP32_DOT)
+        v = _load_tile(V + kv_off, key_ok, d_ok, MASKED, EVEN_D)
+        pv = _dot(p.to(v.dtype), v, FP32_DOT)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, l_i, m_i
