@@ -18,7 +18,8 @@ Three tables, on one device in one run (SmolLM2-135M's shape with random weights
    and ``padded`` over the same pool. Timed as launched (CUDA events around a
    call Python launches) and as kernels (``triton.testing.do_bench``: device time).
 
-``--sweep`` also times other launch configs of the triton kernels (by
+``--profile`` ranks the graphed step's kernels by device time (``torch.profiler``),
+to say where a step's milliseconds go. ``--sweep`` also times other launch configs of the triton kernels (by
 ``do_bench``) and picks, per kernel and dtype, the one closest to each shape's
 best (geometric mean); ``--save-configs F`` writes the pick, ``--configs F`` runs
 with it: choose on the selection shapes, then report held-out shapes
@@ -259,6 +260,37 @@ def decode_step(args, dtype: torch.dtype, rows: list[dict], sweeps) -> None:
              "max_logit_diff_vs_fp32": diff, "argmax_agree_vs_fp32": agree,
              "capture_s": round(capture, 3) if "graphs" in name else ""}
         )  # fmt: skip
+    if args.profile:
+        profile_step(runs["triton+graphs"], f"{str(dtype)[6:]} triton+graphs", rows)
+
+
+def profile_step(fn, label: str, rows: list[dict], steps: int = 5) -> None:
+    """Where a step's time goes, kernel by kernel: ``torch.profiler`` over ``steps`` calls
+    of ``fn``; prints the top kernels by device time and adds a ``profile`` row for each
+    (milliseconds per step). On the CPU (a dry run) it ranks CPU ops instead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    fn()
+    sync()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        sync()
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events) / steps / 1e3
+    print(f"profile, {label}: {total:.3f} ms of {key} per step, top kernels:")
+    for e in events[:15]:
+        ms = getattr(e, key) / steps / 1e3
+        if ms <= 0:
+            break
+        print(f"  {ms:8.4f} ms  {e.count // steps:5d} calls/step  {e.key[:90]}")
+        rows.append(
+            {"table": "profile", "what": e.key[:200], "dtype": label, "median_ms": round(ms, 5),
+             "calls_per_step": e.count // steps}
+        )  # fmt: skip
 
 
 def decode_attention(args, dtype, pool, ids, ctx, tables, rows: list[dict], sweeps) -> None:
@@ -469,6 +501,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time other kernel configs")
+    ap.add_argument(
+        "--profile", action="store_true", help="also rank the graphed step's kernels by time"
+    )
     ap.add_argument(
         "--prefill-shapes", default="4x1024,1x4096,16x512", help="SEQSxLEN,... (dry run: 2x48)"
     )

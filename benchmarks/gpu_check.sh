@@ -37,7 +37,8 @@ CONFIGS=/tmp/radixkv-configs.json
 
     cd benchmarks
     stage "selection: decode step and prefill attention, config sweep (SmolLM2-135M shape)"
-    timeout 170 python3 bench_decode.py --sweep --save-configs "$CONFIGS" --out "$OUT/decode.csv"
+    timeout 170 python3 bench_decode.py --sweep --profile --save-configs "$CONFIGS" \
+        --out "$OUT/decode.csv"
     cp "$CONFIGS" "$OUT/configs.json" 2>/dev/null
 
     stage "held out, with the chosen configs: 64 decodes at 256-768, prefill 8x256 and 2x2048"
