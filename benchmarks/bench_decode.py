@@ -131,6 +131,10 @@ PREFILL_SWEEP = (
     {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
     {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
+    # one query head per tile, as FlashAttention's (the triton kernel folds GQA heads by default)
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FOLD_GQA": False},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "FOLD_GQA": False},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "FOLD_GQA": False},
 )
 DECODE_SWEEP = (
     ({"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}, 256),

@@ -37,14 +37,14 @@ CONFIGS=/tmp/radixkv-configs.json
 
     cd benchmarks
     stage "selection: decode step and prefill attention, config sweep (SmolLM2-135M shape)"
-    timeout 170 python3 bench_decode.py --sweep --profile --save-configs "$CONFIGS" \
+    timeout 200 python3 bench_decode.py --sweep --profile --save-configs "$CONFIGS" \
         --out "$OUT/decode.csv"
     cp "$CONFIGS" "$OUT/configs.json" 2>/dev/null
 
     stage "held out, with the chosen configs: 64 decodes at 256-768, prefill 8x256 and 2x2048"
     with=()
     [ -f "$CONFIGS" ] && with=(--configs "$CONFIGS")
-    timeout 130 python3 bench_decode.py --seqs 64 --ctx 256-768 --prefill-shapes 8x256,2x2048 \
+    timeout 150 python3 bench_decode.py --seqs 64 --ctx 256-768 --prefill-shapes 8x256,2x2048 \
         --sweep "${with[@]}" --out "$OUT/decode_heldout_64.csv"
     stage "held out, with the chosen configs: 8 decodes at 3-4k"
     timeout 70 python3 bench_decode.py --seqs 8 --ctx 3000-4000 --skip-prefill --sweep \

@@ -196,8 +196,13 @@ def test_shared_prefix_blocks_and_reused_holes(device) -> None:
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize(
     "config",
-    [None, {"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 32, "BLOCK_N": 64}],
-    ids=["default", "16x16", "32x64"],
+    [
+        None,
+        {"BLOCK_M": 16, "BLOCK_N": 16},
+        {"BLOCK_M": 32, "BLOCK_N": 64},
+        {"BLOCK_M": 32, "BLOCK_N": 16, "FOLD_GQA": False},
+    ],
+    ids=["default", "16x16", "32x64", "unfolded-32x16"],
 )
 def test_long_extends_split_the_unmasked_bulk_from_the_diagonal(
     device, block_size, config, monkeypatch
@@ -246,15 +251,26 @@ def test_float16_pool(device) -> None:
         max_size=5,
     ),
     decode_only=st.booleans(),
+    config=st.sampled_from(
+        [{}, {"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 16, "BLOCK_N": 16, "FOLD_GQA": False}]
+    ),
     seed=st.integers(0, 2**16),
 )
-def test_random_steps_equal_the_dense_reference(block_size, group, lens, decode_only, seed):
+def test_random_steps_equal_the_dense_reference(block_size, group, lens, decode_only, config, seed):
     skip_unless_runs("triton", "cpu")
+    tk = _kernels()
     if decode_only:
         lens = [(1, c) for _, c in lens]
     s = Scenario(lens, heads=2 * group, kv_heads=2, head_dim=16, block_size=block_size,
                  dtype=torch.float32, device="cpu", seed=seed)  # fmt: skip
-    assert s.rel_error(s.run()) < TOL[torch.float32]
+    saved = dict(tk.PREFILL_CONFIGS)
+    try:
+        for size in saved:
+            tk.PREFILL_CONFIGS[size] = {**saved[size], **config}
+        out = s.run()
+    finally:
+        tk.PREFILL_CONFIGS.update(saved)
+    assert s.rel_error(out) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -13,7 +13,9 @@ hands out. Three kernels:
   fp32 accumulators). A program owns one sequence, one KV head and a tile of
   ``BLOCK_M`` *folded* query rows (row ``r`` is query ``r // group`` of query
   head ``kv_head * group + r % group``), so grouped-query heads share every K/V
-  load, and a decode token's ``group`` heads fill one tile. It serves
+  load, and a decode token's ``group`` heads fill one tile. A prefill config may
+  turn folding off (``FOLD_GQA``): then a program owns one query head's tile of
+  ``BLOCK_M`` queries. It serves
   prefill/extend (causal: query ``i`` of a sequence with ``query_len`` new
   tokens and ``context_len`` in total sees keys ``[0, context_len - query_len +
   i]``) and, in *split* mode, decode: each sequence's context is cut into
@@ -56,8 +58,11 @@ __all__ = ["SPLIT_LEN", "TritonAttention", "decode_splits"]
 SPLIT_LEN = 256
 # Launch configurations: folded query rows per program (BLOCK_M; a decode's tile is
 # its group padded to 16), keys per inner iteration (BLOCK_N), warps, pipeline
-# stages. By pool dtype size: fp32 tiles take twice the shared memory. Chosen on an
-# H200 by bench_decode.py --sweep (docs/engine.md); module-level so it can sweep them.
+# stages, and for prefill FOLD_GQA (default True: a tile folds a KV head's query
+# heads, `group` rows per query; False: a tile is BLOCK_M queries of one head, as
+# FlashAttention's are). By pool dtype size: fp32 tiles take twice the shared memory.
+# Chosen on an H200 by bench_decode.py --sweep (docs/engine.md); module-level so it
+# can sweep them.
 PREFILL_CONFIGS = {
     4: {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     2: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
@@ -171,14 +176,18 @@ def _attention_kernel(
     QStart, QLen, CtxLen, BlockTable,
     qk_scale, max_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_bt,
-    GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, PAGE: tl.constexpr,
+    GROUP: tl.constexpr, FOLD: tl.constexpr, NUM_HEADS: tl.constexpr, PAGE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, SPLIT_LEN: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # FOLD of a KV head's GROUP query heads share a tile (GROUP or 1); a program has one
+    # such set of heads: the KV head's GROUP // FOLD programs read its K/V alike
+    heads = tl.program_id(1)
+    kv_head = heads // (GROUP // FOLD)
+    first_head = kv_head * GROUP + heads % (GROUP // FOLD) * FOLD
     tile = tl.program_id(2)
     q_len = tl.load(QLen + seq)
     ctx = tl.load(CtxLen + seq)
@@ -187,8 +196,8 @@ def _attention_kernel(
         split = tile
         tile = 0
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    qi = rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
+    qi = rows // FOLD
+    head = first_head + rows % FOLD
     row_ok = qi < q_len
     prefix = ctx - q_len
     limit = prefix + qi  # the last key position each row sees
@@ -199,13 +208,13 @@ def _attention_kernel(
         full = lo + (hi - lo) // BLOCK_N * BLOCK_N
     else:
         lo = 0
-        last_q = tl.minimum(q_len - 1, (tile * BLOCK_M + BLOCK_M - 1) // GROUP)
+        last_q = tl.minimum(q_len - 1, (tile * BLOCK_M + BLOCK_M - 1) // FOLD)
         hi = prefix + last_q + 1
         # keys every row of the tile sees: up to its first query's diagonal
-        full = (prefix + tile * BLOCK_M // GROUP + 1) // BLOCK_N * BLOCK_N
+        full = (prefix + tile * BLOCK_M // FOLD + 1) // BLOCK_N * BLOCK_N
     # tiles past a sequence's rows (or pieces past its context) have nothing to do;
     # the padding sequences of a graph batch (q_len 0, context 0) stop here
-    if (tile * BLOCK_M < q_len * GROUP) & (lo < hi):
+    if (tile * BLOCK_M < q_len * FOLD) & (lo < hi):
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
         q_rows = (q_start + qi).to(tl.int64)
@@ -233,7 +242,7 @@ def _attention_kernel(
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_safe[:, None]
         if SPLIT:
-            # rows of a decode are its GROUP heads (qi == 0)
+            # rows of a decode are its GROUP heads (qi == 0; FOLD is GROUP)
             part = (seq * NUM_HEADS + head).to(tl.int64) * max_splits + split
             tl.store(
                 PartOut + part[:, None] * BLOCK_D + offs_d[None, :],
@@ -379,7 +388,7 @@ class TritonAttention:
                 q, k_cache, v_cache, out, part_out, part_lse,
                 self.query_starts, self.query_lens, self.context_lens, self.block_tables,
                 scale, splits, *strides,
-                BLOCK_M=max(16, _next_pow2(group)), SPLIT=True,
+                BLOCK_M=max(16, _next_pow2(group)), SPLIT=True, FOLD=group,
                 **DECODE_CONFIGS[min(size, 4)], **common,
             )  # fmt: skip
             _merge_splits_kernel[(n, num_heads)](
@@ -389,11 +398,12 @@ class TritonAttention:
                 SPLIT_LEN=SPLIT_LEN,
             )  # fmt: skip
         else:
-            config = PREFILL_CONFIGS[min(size, 4)]
-            tiles = -(-self.max_query_len * group // config["BLOCK_M"])
-            _attention_kernel[(n, num_kv_heads, tiles)](
+            config = dict(PREFILL_CONFIGS[min(size, 4)])
+            fold = group if config.pop("FOLD_GQA", True) else 1
+            tiles = -(-self.max_query_len * fold // config["BLOCK_M"])
+            _attention_kernel[(n, num_heads // fold, tiles)](
                 q, k_cache, v_cache, out, out, out,
                 self.query_starts, self.query_lens, self.context_lens, self.block_tables,
-                scale, 1, *strides, SPLIT=False, **config, **common,
+                scale, 1, *strides, SPLIT=False, FOLD=fold, **config, **common,
             )  # fmt: skip
         return out.view(num_tokens, num_heads * d)
