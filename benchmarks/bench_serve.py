@@ -106,12 +106,18 @@ def run_setup(
         served = {k: after[k] - before.get(k, 0) for k in after}
         return result, startup, served
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Stop a server as Ctrl-C does (it drains and exits); kill it if it has not within
+    ``timeout`` seconds."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def table(rows: list[dict]) -> str:

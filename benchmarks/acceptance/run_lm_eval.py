@@ -34,7 +34,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -50,7 +49,7 @@ ROOT = HERE.parents[1]
 TASKS = HERE / "tasks"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_serve import free_port, wait_healthy  # noqa: E402
+from bench_serve import free_port, stop_server, wait_healthy  # noqa: E402
 
 from radixkv.text.tokenizer import smollm2_gguf_path  # noqa: E402
 
@@ -97,12 +96,7 @@ def server(cmd: list[str], port: int, log: Path) -> Iterator[dict[str, Any]]:
             yield info
             info["metrics"] = scrape(port)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
     statuses: dict[str, int] = {}
     for path, status in ACCESS.findall(log.read_text(errors="replace")):
         key = f"{path} {status}"
