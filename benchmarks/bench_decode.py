@@ -19,11 +19,11 @@ Three tables, on one device in one run (SmolLM2-135M's shape with random weights
    call Python launches) and as kernels (``triton.testing.do_bench``: device time).
 
 ``--profile`` ranks the graphed step's kernels by device time (``torch.profiler``),
-to say where a step's milliseconds go. ``--sweep`` also times other launch configs of the triton kernels (by
-``do_bench``) and picks, per kernel and dtype, the one closest to each shape's
-best (geometric mean); ``--save-configs F`` writes the pick, ``--configs F`` runs
-with it: choose on the selection shapes, then report held-out shapes
-(``gpu_check.sh`` does both).
+to say where a step's milliseconds go. ``--sweep`` also times other launch configs
+of the triton kernels (by ``do_bench``) and picks, per kernel and dtype, the one
+closest to each shape's best (geometric mean); ``--save-configs F`` writes the
+pick, ``--configs F`` runs with it: choose on the selection shapes, then report
+held-out shapes (``gpu_check.sh`` does both).
 
     python benchmarks/bench_decode.py --device cuda --out benchmarks/results/decode_cuda.csv
 
