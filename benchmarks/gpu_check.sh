@@ -6,7 +6,7 @@
 # serving load generator).
 #
 #   bash benchmarks/gpu_carry.sh                  # here, once: wheels and SmolLM2's halves
-#   bash benchmarks/gpu_check.sh OUT_DIR          # on the GPU: about 7 min on an H100/H200
+#   bash benchmarks/gpu_check.sh OUT_DIR          # on the GPU: about 7 min (estimated from the H200 run's stages)
 #
 # Installs nothing from the network (gpu_env.sh). Writes OUT_DIR/log.txt (everything
 # printed), one CSV per benchmark and configs.json (the chosen launch configs, also kept

@@ -5,7 +5,7 @@
 # warm machine, .gpu_carry/b (gpu_env.sh assembles them). Without both halves the model
 # stages say so and the serving stage runs the random model instead.
 #
-#   bash benchmarks/gpu_smollm2.sh OUT_DIR        # about 4 min on an H100/H200
+#   bash benchmarks/gpu_smollm2.sh OUT_DIR        # about 4 min (estimated; not yet run)
 #
 # Stages: the CUDA tests of test_smollm2.py (GPU logits == the CPU's and transformers';
 # engine greedy tokens with graphs on == off == padded == the CPU, cache on and off);
