@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from model_helpers import ENGINE_CONFIG, skip_unless_runs
+from model_helpers import ENGINE_CONFIG, TOL, skip_unless_runs
 
 from radixkv.engine import Engine, EngineConfig, SamplingParams
 from radixkv.engine.model_runner import EagerRunner, GraphRunner
@@ -114,8 +114,11 @@ def test_static_path_equals_eager_and_padding_writes_nothing() -> None:
     )  # fmt: skip
     want = model(batch, kv2)
     assert got.shape == want.shape == (3, ENGINE_CONFIG.vocab_size)
-    # each decode's attention splits by its own context: the padded batch rounds alike
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # Attention splits by each decode's own context, but the projections are GEMMs over 4
+    # rows here and 3 there, and a BLAS may block (so round) the two shapes differently on
+    # a given CPU: equal within the model tolerance (as against the dense reference), not
+    # to float32's last bits.
+    torch.testing.assert_close(got, want, **TOL)
 
 
 def test_graphs_need_the_triton_backend_and_capture_needs_cuda() -> None:

@@ -284,7 +284,7 @@ def test_prompt_logprobs_score_the_prompt_without_the_cache(model) -> None:
     logp = torch.log_softmax(model.forward_dense(torch.tensor(prompt))[:-1].float(), dim=-1)
     for j, (lp, rank, top) in enumerate(zip(pl.logprobs, pl.ranks, pl.top, strict=True)):
         row = logp[j].double().numpy()
-        assert lp == pytest.approx(row[prompt[j + 1]], abs=1e-6)
+        assert lp == pytest.approx(row[prompt[j + 1]], abs=1e-4)  # paged prefill vs dense
         assert rank == 1 + int((row > row[prompt[j + 1]]).sum())
         assert [t for t, _ in top] == np.argsort(-row, kind="stable")[:3].tolist()
     assert engine.score_prompt([7]).logprobs == []
