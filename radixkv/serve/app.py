@@ -44,6 +44,7 @@ from radixkv.serve.handlers import (
     OpenAIHandlers,
 )
 from radixkv.serve.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
+from radixkv.serve.openapi import document_bodies
 from radixkv.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -111,6 +112,7 @@ def build_app(
     app = FastAPI(title="radixkv", lifespan=lifespan)
     app.state.engine = engine
     install_error_handlers(app)
+    document_bodies(app)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:

@@ -44,6 +44,7 @@ from radixkv.serve.client import EngineMetrics, RequestOutput
 from radixkv.serve.errors import ApiError, as_api_error, install_error_handlers, parse_body
 from radixkv.serve.handlers import OpenAIHandlers
 from radixkv.serve.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
+from radixkv.serve.openapi import document_bodies
 from radixkv.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -59,6 +60,7 @@ STATS_TIMEOUT_S = 30.0  # for every replica's stats together (GET /replicas, /me
 
 api = FastAPI(title="radixkv fleet")
 install_error_handlers(api)
+document_bodies(api)
 
 
 @dataclass(frozen=True)
