@@ -229,15 +229,26 @@ def test_placeholder_character_in_a_message_is_kept(pair) -> None:
     assert _special_texts(tok, ids) == ["<|im_start|>", "<|im_end|>"] * 2 + ["<|im_start|>"]
 
 
-def test_template_that_cuts_special_text_apart_is_refused(pair) -> None:
+def test_a_cut_special_text_is_plain_and_a_replaced_one_refused(pair) -> None:
+    """Slicing keeps the message's characters where the marked rendering has its marks, so
+    the cut text is plain; a template that replaces special text renders otherwise with
+    the marks, so where its own specials lie is unknown: refused."""
     cutting = "{% for m in messages %}<|im_start|>{{ m['content'][:2] }}<|im_end|>{% endfor %}"
     tok = dataclasses.replace(pair[1], chat_template=cutting)
-    with pytest.raises(ValueError, match="special_tokens_in_content"):
-        tok.apply_chat_template([{"role": "user", "content": "<|im_end|>"}], tokenize=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "<|im_end|>"}], tokenize=True)
+    start, end = tok.encode("<|im_start|><|im_end|>")
+    assert ids[0] == start and ids[-1] == end and end not in ids[1:-1]
+    assert tok.decode(ids[1:-1], skip_special_tokens=False) == "<|"
     ids = tok.apply_chat_template(
         [{"role": "user", "content": "<|im_end|>"}], tokenize=True, special_tokens_in_content=True
     )
     assert ids == tok.encode("<|im_start|><|<|im_end|>")
+    replacing = "<|im_start|>{{ messages[0]['content']|replace('<|im_end|>', 'x') }}<|im_end|>"
+    tok = dataclasses.replace(pair[1], chat_template=replacing)
+    with pytest.raises(ValueError, match="special_tokens_in_content"):
+        tok.apply_chat_template([{"role": "user", "content": "a<|im_end|>"}], tokenize=True)
+    plain = tok.apply_chat_template([{"role": "user", "content": "a"}], tokenize=True)
+    assert plain == tok.encode("<|im_start|>a<|im_end|>")
 
 
 def test_chat_tokenizer_passes_the_setting_on(pair) -> None:

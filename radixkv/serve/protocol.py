@@ -23,7 +23,10 @@ Every string must be valid Unicode, encodable as UTF-8: JSON's ``"\\ud800"`` esc
 (a lone surrogate) is legal JSON but no text, so a field holding one is a 400
 naming it; ``user`` and ``cache_salt`` become cache namespaces, so nothing
 unencodable reaches the cache. ``stop`` holds at most :data:`MAX_STOP` entries, each
-string at most :data:`MAX_STOP_LEN` characters (OpenAI allows 4 stop sequences).
+string at most :data:`MAX_STOP_LEN` characters (OpenAI allows 4 stop sequences). A
+chat holds at most :data:`MAX_MESSAGES` messages, each at most
+:data:`MAX_CONTENT_PARTS` text parts, and ``chat_template_kwargs`` at most
+:data:`MAX_TEMPLATE_VALUES` values nested at most :data:`MAX_TEMPLATE_DEPTH` deep.
 :func:`decode_json` is the body's JSON: UTF-8 only, whatever the ``Content-Type``.
 Rules that join two fields (``best_of`` and ``n``, ``min_tokens`` and ``max_tokens``)
 are checked by each request's ``check()``, which raises :class:`FieldError`; so are
@@ -42,6 +45,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -50,7 +54,7 @@ from pydantic import (
 )
 
 from radixkv.checks import is_int
-from radixkv.text.tokenizer import check_template_variables
+from radixkv.text.tokenizer import JsonPlace, check_template_variables, walk_json
 
 __all__ = [
     "ChatCompletionRequest",
@@ -59,10 +63,14 @@ __all__ = [
     "DetokenizeRequest",
     "FieldError",
     "MAX_CHOICES",
+    "MAX_CONTENT_PARTS",
     "MAX_LOGPROBS",
+    "MAX_MESSAGES",
     "MAX_N",
     "MAX_STOP",
     "MAX_STOP_LEN",
+    "MAX_TEMPLATE_DEPTH",
+    "MAX_TEMPLATE_VALUES",
     "NOT_IMPLEMENTED",
     "StreamOptions",
     "TokenizeRequest",
@@ -87,6 +95,16 @@ MAX_LOGPROBS = 20
 """Most alternatives per token (completions ``logprobs``, chat ``top_logprobs``): vLLM's."""
 MAX_LOGIT_BIAS = 100.0
 """``logit_bias`` values lie in [-100, 100], as OpenAI's."""
+MAX_MESSAGES = 4096
+"""Most messages of one chat (chat completions and ``/tokenize``)."""
+MAX_CONTENT_PARTS = 256
+"""Most text parts of one message's ``content``."""
+MAX_TEMPLATE_VALUES = 16384
+"""Most values in ``chat_template_kwargs`` (list items and object members, at every depth):
+room for OpenAI's 128 tools with their parameter schemas."""
+MAX_TEMPLATE_DEPTH = 32
+"""Deepest value in ``chat_template_kwargs``: the variables are at depth 1, an item of a
+list variable at 2, and so on."""
 
 
 class FieldError(ValueError):
@@ -493,30 +511,39 @@ class CompletionRequest(_Sampling):
 
 def check_chat_template_kwargs(value: dict[str, Any] | None) -> dict[str, Any]:
     """``chat_template_kwargs`` as the chat template's extra variables ({} for None), or
-    :class:`FieldError` naming the field: a name the renderer sets itself, a value that is
-    not JSON (a non-finite number: ``json`` reads ``NaN``), a string that is not valid
-    UTF-8 text (see :func:`~radixkv.text.tokenizer.check_template_variables`). A template
-    that does not read a variable renders as without it, as in vLLM. Complexity: O(size
-    of the values)."""
+    :class:`FieldError` naming the field: more than :data:`MAX_TEMPLATE_VALUES` values
+    or one deeper than :data:`MAX_TEMPLATE_DEPTH` (checked first, as they are read), a
+    name the renderer sets itself, a value that is not JSON (a non-finite number:
+    ``json`` reads ``NaN``), a string that is not valid UTF-8 text (see
+    :func:`~radixkv.text.tokenizer.check_template_variables`). A template that does not
+    read a variable renders as without it, as in vLLM. Complexity: O(size of the values)."""
     name = "chat_template_kwargs"
+    num_values = -1  # the variables' object itself is not counted
+    for item, place in walk_json(value or {}):
+        num_values += 1
+        if num_values > MAX_TEMPLATE_VALUES:
+            raise FieldError(name, f"{name} holds more than {MAX_TEMPLATE_VALUES} values")
+        if place.depth > MAX_TEMPLATE_DEPTH:
+            deep = f"deeper than {MAX_TEMPLATE_DEPTH} levels (its variables are level 1)"
+            raise FieldError(name, f"{name} nests a value {deep}")
+        if isinstance(item, str) and (problem := utf8_problem(item)) is not None:
+            raise FieldError(name, f"{place.describe(name)}: {problem}")
+        if isinstance(item, dict):
+            for k in item:
+                if isinstance(k, str) and (problem := utf8_problem(k)) is not None:
+                    where = JsonPlace(place, k, place.depth + 1).describe(name)
+                    raise FieldError(name, f"the key of {where}: {problem}")
     try:
-        variables = check_template_variables(value, name)
+        return check_template_variables(value, name)
     except (TypeError, ValueError) as exc:
         raise FieldError(name, str(exc)) from None
-    stack: list[tuple[Any, str]] = [(variables, name)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str) and (problem := utf8_problem(item)) is not None:
-            raise FieldError(name, f"{where}: {problem}")
-        if isinstance(item, dict):
-            for k, v in item.items():
-                inner = f"{where}[{json.dumps(k)}]"
-                if (problem := utf8_problem(k)) is not None:
-                    raise FieldError(name, f"the key of {inner}: {problem}")
-                stack.append((v, inner))
-        elif isinstance(item, list):
-            stack += [(v, f"{where}[{i}]") for i, v in enumerate(item)]
-    return variables
+
+
+def _check_num_messages(messages: Any) -> Any:
+    """At most :data:`MAX_MESSAGES` messages, counted before any is validated."""
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        raise ValueError(f"a chat holds at most {MAX_MESSAGES} messages, got {len(messages)}")
+    return messages
 
 
 class _TextPart(_Strict):
@@ -530,6 +557,15 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[_TextPart] | None = None
     name: Text | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _num_parts(cls, v: str | list[_TextPart] | None) -> str | list[_TextPart] | None:
+        if isinstance(v, list) and len(v) > MAX_CONTENT_PARTS:
+            raise ValueError(
+                f"a message's content holds at most {MAX_CONTENT_PARTS} parts, got {len(v)}"
+            )
+        return v
 
     def as_template_input(self) -> dict[str, str]:
         """``{"role", "content"}`` for a chat template (``developer`` reads as ``system``)."""
@@ -552,7 +588,9 @@ class ChatCompletionRequest(_Sampling):
 
     NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = _CHAT_NOT_IMPLEMENTED
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], BeforeValidator(_check_num_messages)] = Field(
+        min_length=1
+    )
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -607,7 +645,7 @@ class TokenizeRequest(_Strict):
 
     model: Text | None = None
     prompt: Text | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], BeforeValidator(_check_num_messages)] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False

