@@ -421,3 +421,20 @@ def test_encode_plain_takes_off_what_the_tokenizer_adds_to_a_text_prompt() -> No
     assert encode_plain(WithBos(), "") == []
     with pytest.raises(ValueError, match=r"adds \[257\] to a text prompt elsewhere"):
         encode_plain(WithEos(), "ab")
+
+
+# ------------------------------------------------------------------ TextStream
+def test_a_streamed_character_split_over_tokens_is_sent_once_whole() -> None:
+    """Byte tokens of a multi-byte character (é is 2 bytes, 🙂 4): no piece carries a
+    U+FFFD for a character still arriving, and the pieces add up to the text."""
+    from radixkv.text.stream import TextStream
+    from radixkv.text.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    text = "é🙂 x🙂"
+    ids = tok.encode(text)
+    ts = TextStream(tok.decode)
+    pieces = [ts.push(ids[:i], finished=i == len(ids)) for i in range(1, len(ids) + 1)]
+    assert all("\ufffd" not in p for p in pieces), pieces
+    assert "".join(pieces) == text == ts.text
+    assert pieces[:2] == ["", "é"]  # held back until its second byte came

@@ -197,8 +197,9 @@ class Choice:
                 lps += [None] * len(self.prompt.ids)
                 tops += [None] * len(self.prompt.ids)
             else:
+                k = self.spec.top_logprobs or 0  # the engine scored max(k, prompt_logprobs)
                 lps += [None, *pl.logprobs]
-                tops += [None, *pl.top]
+                tops += [None, *(top[:k] for top in pl.top)]
         ids += self.token_ids[start:]
         lps += self.logprobs[start:]
         tops += self.tops[start:]
