@@ -1,5 +1,6 @@
 """A fleet stops like one server (issue 24, item 6): SIGTERM and SIGINT end ``radixkv serve
---replicas 2`` with no traceback, no C++ stack dump and no Ray process left.
+--replicas 2`` with no traceback, no C++ stack dump and no Ray process left, and a stream
+open at SIGTERM ends with ``"abort"`` and ``[DONE]``.
 
 The real CLI runs as a subprocess in a session of its own (``start_new_session``), with
 Ray's files in a temp dir of its own: every process of its Ray cluster (GCS, raylet, the
@@ -12,6 +13,9 @@ second signal does. Every wait is bounded by a deadline.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import http.client
+import json
 import os
 import secrets
 import shutil
@@ -24,6 +28,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +39,9 @@ pytest.importorskip("ray.serve")
 ROOT = Path(__file__).resolve().parents[1]
 START_S = 150.0  # Ray, Serve and two replicas on 2 busy cores
 STOP_S = 60.0
+# Serve waits up to 20 s (graceful_shutdown_timeout_s) for a replica's open requests: a
+# drained fleet has none left, so it exits before that (about 9 s here, Ray's stop included).
+EXIT_S = 15.0
 GONE_S = 10.0  # for processes already killed to be reaped
 # What Ray's C++ failure handler and Python's faulthandler print.
 DUMP_MARKERS = ("Traceback", "*** SIGTERM received", "*** SIGINT received", "Stack trace")
@@ -69,9 +77,20 @@ def answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes in /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_stops_the_fleet_and_every_process_of_its_ray(sig: signal.Signals) -> None:
+@dataclasses.dataclass
+class Fleet:
+    """A fleet's process, its port, and (once the ``with`` block is left) its stderr."""
+
+    proc: subprocess.Popen
+    port: int
+    err: str = ""
+
+
+@contextlib.contextmanager
+def running_fleet(*flags: str) -> Iterator[Fleet]:
+    """``radixkv serve --replicas 2 --router exact FLAGS`` in a session of its own, once it
+    has printed its URL and answers ``/health``. On leaving, every process of its session
+    is killed and its stderr read into ``err``."""
     temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # Ray's socket paths must stay short
     port = free_port()
     env = dict(
@@ -82,7 +101,7 @@ def test_a_signal_stops_the_fleet_and_every_process_of_its_ray(sig: signal.Signa
     )
     env.pop("RAY_ADDRESS", None)  # a cluster of its own
     cmd = [sys.executable, "-m", "radixkv.cli", "serve", "--model", "random"]
-    cmd += ["--replicas", "2", "--router", "exact", "--num-blocks", "64"]
+    cmd += ["--replicas", "2", "--router", "exact", *flags]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     out_path, err_path = Path(temp) / "stdout.txt", Path(temp) / "stderr.txt"
     # Files, not pipes: Ray's logs would fill a pipe no one reads.
@@ -90,6 +109,7 @@ def test_a_signal_stops_the_fleet_and_every_process_of_its_ray(sig: signal.Signa
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
         )
+    fleet = Fleet(proc, port)
     try:
         end = time.monotonic() + START_S
         # The URL line comes once serve.run has every replica running.
@@ -98,6 +118,21 @@ def test_a_signal_stops_the_fleet_and_every_process_of_its_ray(sig: signal.Signa
             assert time.monotonic() < end, "the fleet did not start in time"
             time.sleep(0.5)
         assert answers(f"http://127.0.0.1:{port}/health")
+        yield fleet
+    finally:
+        for pid in session_processes(proc.pid):  # never leave one behind, even on failure
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_S)
+        fleet.err = err_path.read_text(errors="replace")
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes in /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_fleet_and_every_process_of_its_ray(sig: signal.Signals) -> None:
+    with running_fleet("--num-blocks", "64") as fleet:
+        proc = fleet.proc
         before = session_processes(proc.pid)
         assert {"raylet", "gcs_server"} <= set(before.values()), before
         assert any(name.startswith("ray::ServeRepl") for name in before.values()), before
@@ -107,17 +142,43 @@ def test_a_signal_stops_the_fleet_and_every_process_of_its_ray(sig: signal.Signa
         end = time.monotonic() + GONE_S
         while (left := session_processes(proc.pid)) and time.monotonic() < end:
             time.sleep(0.2)
-    finally:
-        for pid in session_processes(proc.pid):  # never leave one behind, even on failure
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=STOP_S)
-        err = err_path.read_text(errors="replace")
-        shutil.rmtree(temp, ignore_errors=True)
+    err = fleet.err
     assert left == {}, left
     # As the one-engine server: 0 after SIGINT, killed by SIGTERM after SIGTERM.
     assert proc.returncode == (0 if sig == signal.SIGINT else -signal.SIGTERM), err[-3000:]
     assert f"radixkv fleet: {sig.name}, shutting down" in err
+    assert not [m for m in DUMP_MARKERS if m in err], err[-3000:]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes in /proc")
+def test_sigterm_ends_an_open_stream_with_abort_and_done_as_one_server_does() -> None:
+    """SIGTERM broke a fleet's open streams off (no final chunk, no ``[DONE]``, a
+    traceback in the log): Serve's stop kills its HTTP proxies at once. Now the fleet
+    drains first: the stream ends with ``finish_reason`` ``"abort"`` and ``data:
+    [DONE]``, and the fleet exits inside Serve's 20 s graceful timeout."""
+    body = {"prompt": "x", "max_tokens": 60_000, "ignore_eos": True, "stream": True}
+    with running_fleet("--num-blocks", "4000") as fleet:
+        proc = fleet.proc
+        lines: list[bytes] = []
+        conn = http.client.HTTPConnection("127.0.0.1", fleet.port, timeout=STOP_S)
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "x"})
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        while sum(line.startswith(b"data: {") for line in lines) < 3:  # it is running
+            lines.append(resp.readline())
+            assert lines[-1], lines
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(http.client.IncompleteRead, ConnectionError):
+            while line := resp.readline():  # until the server closes the stream
+                lines.append(line)
+        conn.close()
+        proc.wait(timeout=EXIT_S)
+    err = fleet.err
+    events = [x[len(b"data: ") :].strip() for x in lines if x.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]", lines[-5:]
+    last = json.loads(events[-2])
+    assert last["choices"][0]["finish_reason"] == "abort", last
+    assert proc.returncode == -signal.SIGTERM, err[-3000:]
     assert not [m for m in DUMP_MARKERS if m in err], err[-3000:]
 
 

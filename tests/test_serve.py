@@ -747,6 +747,7 @@ def test_cli_serves_and_prints_a_curl_line(tmp_path: Path) -> None:
     [
         (["--replicas", "2"], "--router"),
         (["--router", "exact"], "--router needs --replicas > 1"),
+        (["--enable-router-view"], "--enable-router-view is for a fleet"),
         (["--model", "/no/such/model", "--port", "0"], "--model: spec '/no/such/model'"),
         (["--port", "70000"], "--port"),
         (["--block-size", "0"], "--block-size"),

@@ -416,7 +416,8 @@ EVENT_PORTS = free_ports(4)  # the exact fleet's fixed KV-event ports: 2 replica
 @pytest.fixture(scope="module")
 def fleet():
     """Ray on 2 CPUs with two fleets of 2 random-model replicas: ``/exact`` (its KV events
-    on fixed ports from ``EVENT_PORTS``, offset by rank) and ``/serve``."""
+    on fixed ports from ``EVENT_PORTS``, offset by rank; ``/router`` and the cache reset
+    enabled) and ``/serve`` (the operator routes off, as by default)."""
     from radixkv.serve.ray.fleet import build_fleet_app
 
     temp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # Ray's socket paths must stay short
@@ -445,6 +446,8 @@ def fleet():
                         router="exact",
                         event_endpoint=f"tcp://127.0.0.1:{EVENT_PORTS}",
                         replay_endpoint=f"tcp://127.0.0.1:{EVENT_PORTS + 2}",
+                        enable_router_view=True,
+                        enable_cache_reset=True,
                         **common,
                     ),
                     name="exact",
@@ -859,3 +862,34 @@ def test_replicas_publish_on_their_ranks_endpoints_and_replicas_lists_them(fleet
     finally:
         for sub in subs:
             sub.close()
+
+
+def test_operator_routes_are_a_404_by_default_and_a_reset_empties_every_replica(
+    fleet: str,
+) -> None:
+    """``GET /router`` handed any client every replica's block hashes, and a fleet had no
+    cache reset. Both are now off unless enabled (``/serve``: a 404, as an unknown path);
+    on ``/exact``, ``POST /reset_prefix_cache`` empties every replica's cache, their
+    ``AllBlocksCleared`` empty the router's index, and a repeated prompt finds nothing."""
+    for method, path in [("GET", "/router"), ("POST", "/reset_prefix_cache"),
+                         ("POST", "/flush_cache")]:  # fmt: skip
+        r = requests.request(method, f"{fleet}/serve{path}", timeout=30)
+        assert r.status_code == 404, (path, r.text)
+        assert r.json()["error"]["message"] == f"Invalid URL ({method} /serve{path})"
+    body = {"prompt": workload()[0], "max_tokens": 2}
+    post(f"{fleet}/exact/v1/completions", body)
+    repeat = post(f"{fleet}/exact/v1/completions", body)
+    assert repeat["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert any(s["blocks"] for s in cache_states("exact").values())
+
+    r = requests.post(f"{fleet}/exact/reset_prefix_cache", timeout=60)
+    assert (r.status_code, r.content) == (200, b""), r.text
+    assert all(not s["blocks"] for s in cache_states("exact").values())
+
+    def index_empty() -> bool:
+        view = requests.get(f"{fleet}/exact/router", timeout=30).json()
+        return len(view) == 2 and all(not v["blocks"] for v in view.values())
+
+    wait_for(index_empty, "the replicas' AllBlocksCleared to empty the router's index")
+    after = post(f"{fleet}/exact/v1/completions", body)
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

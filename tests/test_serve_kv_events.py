@@ -1,6 +1,7 @@
 """``radixkv serve --kv-events ENDPOINT[,REPLAY_ENDPOINT]`` (issue 24, item 5): one server
 publishes its radix cache's KV events as vLLM does, and a subscriber written with plain
-pyzmq and msgspec (nothing of radixkv's) reads them, live and by replay. Waits are bounded.
+pyzmq and msgspec (nothing of radixkv's) reads them, live and by replay, and hears an
+operator's cache reset (``--enable-cache-reset``). Waits are bounded.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def stored(payload: bytes) -> list[list[int]]:
 def test_a_single_server_publishes_vllms_kv_events_live_and_by_replay() -> None:
     proc, port = spawn_serve(
         "--kv-events", "tcp://127.0.0.1:0,tcp://127.0.0.1:0",
-        "--block-size", str(BLOCK), "--num-blocks", "256",
+        "--block-size", str(BLOCK), "--num-blocks", "256", "--enable-cache-reset",
     )  # fmt: skip
     ctx = zmq.Context()
     try:
@@ -96,6 +97,21 @@ def test_a_single_server_publishes_vllms_kv_events_live_and_by_replay() -> None:
             replayed += stored(data)
         assert seqs == list(range(len(seqs))) and seqs
         assert [t for ids in replayed for t in ids][:full] == prompts[0][:full]
+        # --enable-cache-reset: SGLang's flush empties the cache, and subscribers hear it
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+        try:
+            conn.request("POST", "/flush_cache")
+            assert conn.getresponse().status == 200
+        finally:
+            conn.close()
+        kinds: list[str] = []
+        while "AllBlocksCleared" not in kinds:
+            assert sub.poll(TIMEOUT * 1000), f"no AllBlocksCleared reached the subscriber: {kinds}"
+            kinds += [e["type"] for e in msgspec.msgpack.decode(sub.recv_multipart()[2])[1]]
+        body = {"prompt": prompts[0], "max_tokens": 2, "temperature": 0}
+        status, reply = post(port, "/v1/completions", body)
+        assert status == 200, reply
+        assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, reply
     finally:
         ctx.destroy(linger=0)
         proc.terminate()

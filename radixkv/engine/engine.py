@@ -626,6 +626,17 @@ class Engine:
         """Drop everything the cache holds (running requests keep their blocks)."""
         self.kv_manager.reset_cache()
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache if no request is running or waiting, as vLLM's and SGLang's
+        operator resets do; True once it is empty, False (nothing changed) while any
+        request is unfinished: its blocks could not be freed, and it would put its prompt
+        back into the cache when it ends. With KV events on, a reset records one
+        ``AllBlocksCleared``. Complexity: O(cached blocks)."""
+        if self.scheduler.has_unfinished():
+            return False
+        self.reset_cache()
+        return True
+
 
 def check_prompt_logprobs(prompt_len: int, vocab_size: int) -> None:
     """``ValueError`` if a prompt of ``prompt_len`` tokens has more logits than

@@ -8,7 +8,10 @@
   length where its metadata gives one, else the tokens the KV pool holds), ``GET
   /version``, vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``;
 - ``GET /health`` (200, or 503 once the engine thread failed), ``GET /metrics``
-  (Prometheus text, :mod:`radixkv.serve.metrics`, names under ``metrics_prefix``).
+  (Prometheus text, :mod:`radixkv.serve.metrics`, names under ``metrics_prefix``);
+- only with ``enable_cache_reset``: vLLM's ``POST /reset_prefix_cache`` and SGLang's
+  ``POST /flush_cache``, which empty the prefix cache while no request runs (200) and
+  refuse while one does (409); without it both are the 404 of an unknown path.
 
 The body is read as JSON whatever its ``Content-Type`` (:func:`~radixkv.serve.errors.parse_body`).
 A bad request (bytes that are not UTF-8 JSON, a wrong type, text that is not valid
@@ -62,6 +65,11 @@ __all__ = [
     "default_max_body_bytes",
 ]
 
+_CACHE_BUSY = (
+    "the prefix cache was not reset: requests are running or waiting, and the blocks they "
+    "hold cannot be freed; retry when the server is idle"
+)
+
 
 def build_app(
     engine: AsyncEngine,
@@ -70,6 +78,7 @@ def build_app(
     max_body_bytes: int | None = None,
     max_model_len: int | None = None,
     metrics_prefix: str = DEFAULT_PREFIX,
+    enable_cache_reset: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` under the model name ``model_name``.
 
@@ -81,7 +90,9 @@ def build_app(
     (:func:`~radixkv.text.tokenizer.context_length`; None: unknown, and the pool alone
     bounds a request): ``/v1/models`` reports it and longer requests are refused.
     ``metrics_prefix`` names the metrics (``"vllm"`` for vLLM's own names).
-    ``TypeError`` / ``ValueError`` naming the argument for a bad one.
+    ``enable_cache_reset`` adds the operator's cache reset routes (off: any client could
+    empty the cache every tenant shares). ``TypeError`` / ``ValueError`` naming the
+    argument for a bad one.
     """
     if not isinstance(engine, AsyncEngine):
         raise TypeError(f"engine must be an AsyncEngine, got {type(engine).__name__}")
@@ -91,6 +102,8 @@ def build_app(
         raise ValueError(f"model_name: {problem}")
     max_body_bytes = check_int("max_body_bytes", max_body_bytes, low=1, optional=True)
     max_model_len = check_int("max_model_len", max_model_len, low=1, optional=True)
+    if not isinstance(enable_cache_reset, bool):
+        raise TypeError(f"enable_cache_reset must be a bool, got {enable_cache_reset!r}")
     client = _EngineClient(engine)
     if max_body_bytes is None:
         max_body_bytes = default_max_body_bytes(client.max_model_len)
@@ -166,6 +179,19 @@ def build_app(
             tiers = await engine.call(lambda e: e.tier_stats())  # read on the engine thread
         text = metrics.render(engine.metrics(), tiers)
         return Response(text, media_type=CONTENT_TYPE)
+
+    if enable_cache_reset:
+
+        @app.post("/reset_prefix_cache")
+        @app.post("/flush_cache")
+        async def reset_prefix_cache() -> Response:
+            try:
+                done = await engine.reset_prefix_cache()
+            except RuntimeError as exc:  # shutting down, or the engine thread failed
+                raise ApiError(503, str(exc), type_="service_unavailable") from None
+            if not done:
+                raise ApiError(409, _CACHE_BUSY, type_="conflict")
+            return Response(status_code=200)
 
     return app
 

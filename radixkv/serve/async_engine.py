@@ -206,6 +206,12 @@ class AsyncEngine:
         self._commands.put((CALL, fn, future))
         return await asyncio.wrap_future(future)
 
+    async def reset_prefix_cache(self) -> bool:
+        """``Engine.reset_prefix_cache`` on the engine thread, between two steps: True once
+        the cache is empty (its ``AllBlocksCleared`` goes to the event sink after that
+        round), False while a request is running or waiting."""
+        return await self.call(lambda engine: engine.reset_prefix_cache())
+
     def max_new_tokens(self, prompt_len: int) -> int:
         """The largest ``max_new_tokens`` a prompt of ``prompt_len`` tokens may ask for: its
         K/V (all but the last new token) must fit the whole pool. 0 if even one token does

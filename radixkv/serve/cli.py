@@ -17,6 +17,10 @@ does (ZMQ PUB on ``ENDPOINT``, replay on a ROUTER at ``REPLAY_ENDPOINT``;
 vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` names
 ``/metrics`` as vLLM does.
 
+``--enable-cache-reset`` adds vLLM's ``POST /reset_prefix_cache`` and SGLang's ``POST
+/flush_cache`` (:func:`radixkv.serve.app.build_app`); ``--enable-router-view`` a fleet's
+``GET /router``. Both are off by default: they reach state every client shares.
+
 ``--replicas N`` (N > 1) with ``--router NAME`` serves a fleet on Ray Serve instead
 (:func:`radixkv.serve.ray.fleet.serve_fleet`); SIGINT and SIGTERM stop it, Ray's
 processes included, and it exits as one server does. This module imports only argparse at
@@ -147,6 +151,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run every decode step eagerly, without CUDA graphs (vLLM's flag)",
     )
+    p.add_argument(
+        "--enable-cache-reset",
+        action="store_true",
+        help="serve POST /reset_prefix_cache (vLLM's) and POST /flush_cache (SGLang's): empty "
+        "the prefix cache (every replica's, in a fleet) while no request runs. Off: any "
+        "client could empty the cache every tenant shares",
+    )
+    p.add_argument(
+        "--enable-router-view",
+        action="store_true",
+        help="serve a fleet's GET /router: its router's view of each replica, the hashes of "
+        "every cached block included, which tell what prompts other clients sent "
+        "(a fleet only; default: off, a 404)",
+    )
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn's log level")
     p.set_defaults(func=run_serve)
 
@@ -158,6 +176,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return _run_fleet(args)
     if args.router is not None:
         return fail(PROG, "--router needs --replicas > 1")
+    if args.enable_router_view:
+        return fail(PROG, "--enable-router-view is for a fleet: it needs --replicas > 1")
     try:
         import uvicorn
 
@@ -251,6 +271,7 @@ def run_serve(args: argparse.Namespace) -> int:
         model_name=name,
         max_model_len=context_length(args.model),
         metrics_prefix=args.metrics_prefix,
+        enable_cache_reset=args.enable_cache_reset,
     )
     port = sock.getsockname()[1]
     base = f"http://{_url_host(args.host)}:{port}"
@@ -420,6 +441,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             attention_backend=args.attention_backend,
             cuda_graphs=not args.enforce_eager,
+            enable_cache_reset=args.enable_cache_reset,
+            enable_router_view=args.enable_router_view,
         )
     except ValueError as exc:
         return fail(PROG, exc)

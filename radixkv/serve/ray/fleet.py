@@ -50,7 +50,7 @@ from radixkv.serve.async_engine import AsyncEngine
 from radixkv.serve.client import RequestOutput
 from radixkv.serve.metrics import DEFAULT_PREFIX, check_prefix
 from radixkv.serve.models import build_engine, check_engine_options, event_hasher
-from radixkv.serve.ray.ingress import EngineLimits, FleetIngress
+from radixkv.serve.ray.ingress import DRAIN_TIMEOUT_S, EngineLimits, FleetIngress
 from radixkv.serve.ray.request_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
 from radixkv.text.tokenizer import model_name
 
@@ -63,6 +63,7 @@ __all__ = [
     "build_fleet_app",
     "cache_block_hashes",
     "check_event_endpoints",
+    "drain_fleet",
     "serve_fleet",
     "stop_on_signals",
 ]
@@ -217,6 +218,20 @@ class EngineReplica:
             **dataclasses.asdict(m),
         }
 
+    async def drain(self) -> None:
+        """End every open request with ``"abort"`` and refuse new ones
+        (``AsyncEngine.drain``): the fleet's first step on SIGINT/SIGTERM."""
+        self.engine.drain()
+
+    async def reset_prefix_cache(self) -> dict[str, Any]:
+        """This replica's id and whether it emptied its prefix cache
+        (``AsyncEngine.reset_prefix_cache``: not while a request runs or waits); its
+        ``AllBlocksCleared`` goes out on its KV event stream."""
+        return {
+            "replica_id": serve.get_replica_context().replica_id.unique_id,
+            "reset": await self.engine.reset_prefix_cache(),
+        }
+
     def check_health(self) -> None:
         """Serve's health check: the engine thread must be alive."""
         if not self.engine.is_running:
@@ -248,6 +263,8 @@ def build_fleet_app(
     dtype: str = "auto",
     attention_backend: str | None = None,
     cuda_graphs: bool = True,
+    enable_cache_reset: bool = False,
+    enable_router_view: bool = False,
 ) -> serve.Application:
     """The fleet as a Serve application: :class:`FleetIngress` over ``replicas`` x
     :class:`EngineReplica` of ``model``, routed by ``router``.
@@ -262,8 +279,10 @@ def build_fleet_app(
     KV events (each endpoint offset by ``r``; :class:`EngineReplica`), ``None``: ports the
     OS picks on ``event_host``. ``metrics_prefix`` names the ingress's ``/metrics``
     (``"vllm"``: vLLM's names). ``dtype``, ``attention_backend`` and ``cuda_graphs`` are
-    each replica's (:func:`~radixkv.serve.models.build_engine`). ``ValueError`` naming a
-    bad argument, two replicas' endpoints that would collide included.
+    each replica's (:func:`~radixkv.serve.models.build_engine`). ``enable_cache_reset``
+    and ``enable_router_view`` add the ingress's operator routes (:class:`FleetIngress`;
+    off, they are a 404). ``ValueError`` naming a bad argument, two replicas' endpoints
+    that would collide included.
     """
     replicas = check_int("replicas", replicas, low=1)
     check_engine_options(dtype, attention_backend, cuda_graphs)
@@ -327,6 +346,8 @@ def build_fleet_app(
         model_name=model_name(model),
         send_prompt_text=router == RAY_PREFIX_ROUTER,
         metrics_prefix=metrics_prefix,
+        enable_cache_reset=enable_cache_reset,
+        enable_router_view=enable_router_view,
     )
 
 
@@ -355,6 +376,27 @@ def check_event_endpoints(event: str | None, replay: str | None, replicas: int) 
                     f"{taken[key]} already has: give endpoints {replicas} ports apart"
                 )
             taken[key] = f"the {name} of replica {rank}"
+
+
+def drain_fleet(app_name: str, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+    """Drain the fleet ``app_name`` before Serve stops it: every ingress replica's
+    :meth:`~radixkv.serve.ray.ingress.FleetIngress.drain` (no new requests; every engine
+    replica ends its open ones with ``"abort"``; wait until the ingress has sent those
+    ends), at most ``timeout_s``. What fails (no such application, a replica that does
+    not answer) is one line on stderr: Serve's own stop still follows."""
+    try:
+        ingress = serve.get_deployment_handle(FleetIngress.name, app_name)
+        results = ingress.broadcast("drain", timeout_s).results(
+            timeout_s=timeout_s + 5.0, return_exceptions=True
+        )
+    except Exception as exc:  # noqa: BLE001 - a drain that fails must not stop the stop
+        results = [exc]
+    for r in results:
+        if isinstance(r, BaseException):
+            first = (str(r).splitlines() or [""])[0]
+            print(f"radixkv fleet: drain failed: {type(r).__name__}: {first}", file=sys.stderr)
+        elif r:
+            print(f"radixkv fleet: {r} responses still open after the drain", file=sys.stderr)
 
 
 @dataclasses.dataclass
@@ -415,13 +457,21 @@ def serve_fleet(
     dtype: str = "auto",
     attention_backend: str | None = None,
     cuda_graphs: bool = True,
+    enable_cache_reset: bool = False,
+    enable_router_view: bool = False,
 ) -> signal.Signals:
     """``radixkv serve --replicas N --router NAME``: run the fleet on ``host:port``, print
     the URL, each replica's KV-event endpoints (``event_endpoint`` / ``replay_endpoint``
     offset by rank, else ports the OS picks; :func:`build_fleet_app`) and a curl line, and
     serve until SIGINT or SIGTERM (:func:`stop_on_signals`);
     return that signal once the fleet is down. Each replica gets an equal share of the
-    machine's CPUs, at most one.
+    machine's CPUs, at most one. ``enable_cache_reset`` and ``enable_router_view`` go to
+    :func:`build_fleet_app`.
+
+    On a signal it drains the fleet first, as one server drains its engine
+    (:func:`drain_fleet`): new requests get a 503, every open one ends with ``"abort"``
+    (a stream with its final chunk and ``[DONE]``), and Serve stops only once the
+    ingress has sent those ends, so its graceful stop finds no request to wait for.
 
     Without Ray running and without ``RAY_ADDRESS``, it starts a Ray cluster of its own
     and stops all of it (Serve, then every Ray process) on the way out. Attached to a
@@ -460,6 +510,8 @@ def serve_fleet(
                 dtype=dtype,
                 attention_backend=attention_backend,
                 cuda_graphs=cuda_graphs,
+                enable_cache_reset=enable_cache_reset,
+                enable_router_view=enable_router_view,
             )
             serve.start(http_options={"host": host, "port": port})
             serve.run(app, name=_APP_NAME, route_prefix="/")
@@ -487,7 +539,9 @@ def serve_fleet(
             print(f"radixkv fleet: {signum.name}, shutting down", file=sys.stderr, flush=True)
             return signum
         finally:
-            try:  # Serve's graceful stop: a second signal skips it
+            try:  # the drain and Serve's graceful stop: a second signal skips both
+                if stop.received is not None:
+                    drain_fleet(_APP_NAME)
                 if own_cluster:
                     serve.shutdown()
                 elif _APP_NAME in serve.status().applications:  # not there: stopped early

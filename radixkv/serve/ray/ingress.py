@@ -19,8 +19,15 @@ server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (ever
 replica's engine metrics, and the requests' histograms this ingress records through the
 handlers, as the single server's; :mod:`radixkv.serve.metrics`) and
 ``GET /replicas`` (the replicas that answer; one that does not is reported
-as unreachable), and ``GET /router``: this ingress's router's view of the
-fleet (load, and the blocks its index holds per replica).
+as unreachable). Two operator routes are the 404 of an unknown path unless enabled:
+``GET /router`` (``enable_router_view``: this ingress's router's view of the fleet, load
+and the block hashes its index holds per replica, which tell what prompts other clients
+sent) and ``POST /reset_prefix_cache`` = ``POST /flush_cache`` (``enable_cache_reset``:
+every replica empties its cache, when idle).
+
+:meth:`FleetIngress.drain` is the fleet's first step on SIGINT/SIGTERM, as
+``AsyncEngine.drain`` is one server's: new requests get a 503, every open one ends with
+``"abort"``, and it returns once this ingress has sent those ends.
 
 Torch-free: the ingress parses, tokenizes (the model's tokenizer alone, no weights) and
 routes; only the engine replicas (:mod:`radixkv.serve.ray.fleet`) load a model.
@@ -29,14 +36,17 @@ routes; only the engine replicas (:mod:`radixkv.serve.ray.fleet`) load a model.
 # No ``from __future__ import annotations``: Serve rebuilds the routes from a by-value pickle
 # of this class, whose functions keep only the globals their code names, so FastAPI could
 # not resolve string annotations (the request models) there.
-from collections.abc import AsyncIterator, Hashable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.exceptions import HTTPException
 
 from radixkv.engine.request import SamplingParams
 from radixkv.serve.bodies import default_max_body_bytes, read_body, server_version
@@ -54,9 +64,12 @@ from radixkv.serve.protocol import (
 from radixkv.serve.ray import router_registry
 from radixkv.text.tokenizer import Tokenizer, context_length, load_tokenizer
 
-__all__ = ["EngineLimits", "FleetIngress", "PromptText", "collect_stats"]
+__all__ = ["DRAIN_TIMEOUT_S", "EngineLimits", "FleetIngress", "PromptText", "collect_stats"]
 
 STATS_TIMEOUT_S = 30.0  # for every replica's stats together (GET /replicas, /metrics)
+# For a drain: the engines' aborts, then the last chunks of every open response. Serve's
+# graceful stop would wait 20 s (graceful_shutdown_timeout_s) for what is still open.
+DRAIN_TIMEOUT_S = 10.0
 
 api = FastAPI(title="radixkv fleet")
 install_error_handlers(api)
@@ -228,6 +241,8 @@ class FleetIngress:
         model_name: str,
         send_prompt_text: bool = False,
         metrics_prefix: str = DEFAULT_PREFIX,
+        enable_cache_reset: bool = False,
+        enable_router_view: bool = False,
     ) -> None:
         self.engine = engine
         self.tokenizer = load_tokenizer(model)
@@ -240,19 +255,72 @@ class FleetIngress:
         )
         self.body_limit = default_max_body_bytes(limits.max_model_len)  # as the one-engine app
         self._replica_names: dict[str, str] = {}  # actor id -> replica id, for collect_stats
+        self.enable_cache_reset = enable_cache_reset
+        self.enable_router_view = enable_router_view
+        self._draining = False  # drain() called: completions and chat are a 503
+        self._open = 0  # completions and chat whose response is not sent whole yet
+
+    # ------------------------------------------------------------ shutdown
+    async def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> int:
+        """Stop admitting (completions and chat get a 503, ``/health`` turns 503), drain
+        every engine replica (``EngineReplica.drain``: each open request ends with
+        ``"abort"``, so its response gets its final chunk and ``[DONE]``), then wait, at
+        most ``timeout_s`` in all, until this ingress has sent every open response whole.
+        Returns how many are still open (0 unless the wait ran out)."""
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:  # a replica that fails to drain still leaves the others' ends to wait for
+            await self.engine.broadcast("drain").results_async(
+                timeout_s=timeout_s, return_exceptions=True
+            )
+        except Exception:  # noqa: BLE001 - no replica at all, or the timeout
+            pass
+        while self._open and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        return self._open
+
+    async def _answer(
+        self,
+        request: Request,
+        model: type[BaseModel],
+        handler: Callable[[Any], Awaitable[Response]],
+    ) -> Response:
+        """``handler``'s response to the body of ``request`` read as ``model``, counted
+        open until it is sent whole (a stream: until its last event); a 503 once
+        draining."""
+        if self._draining:
+            raise ApiError(503, "the fleet is shutting down", type_="service_unavailable")
+        self._open += 1
+        try:
+            response = await handler(parse_body(model, await read_body(request, self.body_limit)))
+        except BaseException:
+            self._open -= 1
+            raise
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = self._counted(response.body_iterator)
+        else:
+            self._open -= 1
+        return response
+
+    async def _counted(self, events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """``events``, then one open response fewer."""
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self._open -= 1
 
     # ------------------------------------------------------------ routes
     # Bodies are read as the one-engine app reads them (radixkv.serve.bodies): up to a byte
     # limit, then JSON whatever the Content-Type, so a client that sends none is served.
     @api.post("/v1/completions", response_model=None)
     async def completions(self, request: Request) -> Response:
-        body = parse_body(CompletionRequest, await read_body(request, self.body_limit))
-        return await self.openai.completions(body)
+        return await self._answer(request, CompletionRequest, self.openai.completions)
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(self, request: Request) -> Response:
-        body = parse_body(ChatCompletionRequest, await read_body(request, self.body_limit))
-        return await self.openai.chat(body)
+        return await self._answer(request, ChatCompletionRequest, self.openai.chat)
 
     @api.get("/v1/models")
     async def models(self) -> dict[str, Any]:
@@ -282,6 +350,8 @@ class FleetIngress:
 
     @api.get("/health")
     async def health(self) -> Response:
+        if self._draining:
+            raise ApiError(503, "the fleet is shutting down", type_="service_unavailable")
         return Response(status_code=200)
 
     @api.get("/replicas")
@@ -309,8 +379,45 @@ class FleetIngress:
     async def routing_snapshot(self) -> dict[str, Any]:
         """Per replica, as this ingress's router sees it: in flight, the reported load and
         the block hashes its index holds; {} before the first routed request (Serve builds
-        a handle's router lazily) or under Serve's own router."""
+        a handle's router lazily) or under Serve's own router. The 404 of an unknown path
+        unless ``enable_router_view``: the hashes are public recipes over the prompts, so
+        a client could test guesses at what another sent."""
+        if not self.enable_router_view:
+            raise HTTPException(404)
         out: dict[str, Any] = {}
         for r in router_registry.live_routers(self.engine.deployment_name, self.engine.app_name):
             out.update(await r.snapshot_threadsafe())
         return out
+
+    @api.post("/reset_prefix_cache")
+    @api.post("/flush_cache")
+    async def reset_prefix_cache(self) -> Response:
+        """Every engine replica empties its prefix cache (``EngineReplica.reset_prefix_cache``,
+        each emitting ``AllBlocksCleared``, which empties the router's index for it): 200
+        when all did; 409 naming those that had requests running or waiting (the others
+        did reset); 503 when a replica did not answer (those that did may have reset).
+        The 404 of an unknown path unless ``enable_cache_reset``."""
+        if not self.enable_cache_reset:
+            raise HTTPException(404)
+        try:
+            results = await self.engine.broadcast("reset_prefix_cache").results_async(
+                timeout_s=STATS_TIMEOUT_S, return_exceptions=True
+            )
+        except Exception as exc:  # noqa: BLE001 - no replica at all, or the timeout
+            results = [exc]
+        failed = [_error_line(r) for r in results if isinstance(r, BaseException)]
+        if failed:
+            why = "; ".join(failed)
+            raise ApiError(
+                503, f"an engine replica did not answer: {why}", type_="service_unavailable"
+            )
+        busy = sorted(r["replica_id"] for r in results if not r["reset"])
+        if busy:
+            raise ApiError(
+                409,
+                f"replicas {', '.join(busy)} did not reset their prefix cache: requests are "
+                f"running or waiting there, and the blocks they hold cannot be freed (the "
+                f"other {len(results) - len(busy)} did); retry when the fleet is idle",
+                type_="conflict",
+            )
+        return Response(status_code=200)
