@@ -2,7 +2,8 @@
 
 ``import radixkv`` loads the cache tier only (numpy, numba, sortedcontainers,
 xxhash, msgspec; tqdm for progress bars): the allocator, the prefix caches (and
-``NullCache``, caching off) and their records. Trace replay (``radixkv.replay``)
+``NullCache``, caching off), their records, ``make_cache`` and ``KVCacheManager``
+(a request's blocks and tokens over any cache). Trace replay (``radixkv.replay``)
 needs nothing more. The model and the engine (``radixkv.model``,
 ``radixkv.engine``) need torch: ``pip install 'radixkv[engine]'``; ``radixkv
 sweep``'s plot needs ``radixkv[plot]``; README's install paragraph lists every
@@ -14,11 +15,13 @@ from radixkv.cache import (
     CacheStats,
     HashBlockCache,
     InvariantError,
+    KVCacheManager,
     MatchResult,
     NullCache,
     OutOfBlocks,
     PrefixCache,
     RadixCache,
+    make_cache,
 )
 
 __all__ = [
@@ -26,10 +29,12 @@ __all__ = [
     "CacheStats",
     "HashBlockCache",
     "InvariantError",
+    "KVCacheManager",
     "MatchResult",
     "NullCache",
     "OutOfBlocks",
     "PrefixCache",
     "RadixCache",
+    "make_cache",
 ]
 __version__ = "0.1.0"

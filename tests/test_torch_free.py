@@ -142,21 +142,23 @@ def test_replay_and_cli_work_without_torch_or_matplotlib(tmp_path: Path) -> None
 def test_kv_manager_and_scheduler_work_without_torch() -> None:
     run_blocked(
         """
-        from radixkv import BlockAllocator, RadixCache
-        from radixkv.engine import KVCacheManager, Request, SamplingParams, Scheduler
+        from radixkv import BlockAllocator, KVCacheManager, RadixCache, make_cache
+        from radixkv.cache import place_prompt
+        from radixkv.engine import Request, SamplingParams, Scheduler
 
         kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=16, block_size=2)))
         assert kv.match_prefix("a", [1, 2, 3, 4, 5]) == 0
         assert kv.allocate_slots("a", 5)
-        kv.free("a", [1, 2, 3, 4])
+        kv.append_output_tokens("a", [6])
+        kv.free("a")
         assert kv.match_prefix("b", [1, 2, 3, 4, 5]) == 4
         kv.free("b")
-        from radixkv.cache.manager import KVCacheManager as Moved
-        assert Moved is KVCacheManager  # the cache tier's, re-exported by the engine
-        got = kv.admit([1, 2, 3, 4, 5, 6])
-        assert got.num_cached_tokens == 4 and len(got.blocks) == 3
-        kv.release(got.blocks)
         kv.check()
+        cache = make_cache("radix", BlockAllocator(num_blocks=16, block_size=2))
+        got = place_prompt(cache, [1, 2, 3, 4, 6])
+        assert got.num_cached_tokens == 0 and len(got.blocks) == 2
+        cache.allocator.decref_distinct(got.blocks)
+        assert place_prompt(cache, [1, 2, 3, 4, 6]).num_cached_tokens == 4
         sched = Scheduler(kv)
         req = Request([1, 2, 3, 4, 7], SamplingParams(max_new_tokens=1))
         sched.add_request(req)

@@ -11,8 +11,10 @@
   hashes;
 - :mod:`~radixkv.cache.hashing`: every chained-hash recipe and the one namespace
   encoding; :mod:`~radixkv.cache.events`: the KV cache events and their log;
-- :mod:`~radixkv.cache.manager`: ``KVCacheManager``, every block a request holds,
-  its ``admit`` cycle (match, evict, allocate, insert) and ``make_cache``;
+- :mod:`~radixkv.cache.manager`: ``KVCacheManager``, every block a request holds
+  (and the request's tokens), and ``make_cache``;
+- :mod:`~radixkv.cache.placement`: ``place_prompt``, the whole-prompt cycle over a
+  cache (match, evict, allocate, insert), and its ``Placement``;
 - :mod:`~radixkv.cache.null`: ``NullCache``, which caches nothing (caching off);
 - :mod:`~radixkv.cache.results`: the records they return;
 - :mod:`~radixkv.cache.arrays`: token sequences and block tables as int32 arrays;
@@ -21,8 +23,9 @@
 
 from radixkv.cache.allocator import BlockAllocator, OutOfBlocks
 from radixkv.cache.hashcache import HashBlockCache
-from radixkv.cache.manager import CACHE_KINDS, Admission, KVCacheManager, make_cache
+from radixkv.cache.manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.cache.null import NullCache
+from radixkv.cache.placement import Placement, place_prompt
 from radixkv.cache.prefix_cache import PrefixCache
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats, MatchResult
@@ -30,7 +33,6 @@ from radixkv.errors import InvariantError
 
 __all__ = [
     "CACHE_KINDS",
-    "Admission",
     "BlockAllocator",
     "CacheStats",
     "HashBlockCache",
@@ -39,7 +41,9 @@ __all__ = [
     "MatchResult",
     "NullCache",
     "OutOfBlocks",
+    "Placement",
     "PrefixCache",
     "RadixCache",
     "make_cache",
+    "place_prompt",
 ]

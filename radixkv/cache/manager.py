@@ -2,7 +2,9 @@
 
 A serving loop asks four things of its KV memory, and this class answers each in
 one call (the shape of vLLM's ``KVCacheManager``; SGLang's ``cache_unfinished_req``
-for the switch onto cached blocks):
+for the switch onto cached blocks). The manager keeps each request's tokens (a
+copy of its prompt, then the output tokens the loop appends) and how many of
+them have K/V, so no call after the first takes tokens:
 
 - :meth:`~KVCacheManager.match_prefix`: a new request's cached prefix becomes the
   head of its block table (at most ``len(tokens) - 1`` tokens: the last one must
@@ -12,18 +14,18 @@ for the switch onto cached blocks):
   (nothing allocated) when even eviction is not enough;
   :meth:`~KVCacheManager.may_allocate` asks the same of the pool with no side
   effect, so a request that cannot fit is not looked up;
-- :meth:`~KVCacheManager.cache_blocks`: offer the request's newly full blocks to
-  the cache; where the cache already holds those tokens in other blocks (two
-  requests computed the same prefix at once), the request switches to the
-  cache's blocks at once and its duplicates are freed;
+- :meth:`~KVCacheManager.append_output_tokens` records sampled tokens (every
+  token before the last sampled one has K/V), and
+  :meth:`~KVCacheManager.cache_blocks` says a prefill chunk ran: the cache adopts
+  the request's newly full computed blocks; where it already holds those tokens
+  in other blocks (two requests computed the same prefix at once), the request
+  switches to the cache's blocks at once and its duplicates are freed;
 - :meth:`~KVCacheManager.free`: offer the computed blocks, then give back every
   reference.
 
-A loop that computes a whole prompt at once (trace replay, the fleet simulator)
-uses the one-call cycle instead: :meth:`~KVCacheManager.admit` matches (loading
-from a host tier), evicts the shortfall, allocates and inserts, and hands the
-caller an :class:`Admission`; :meth:`~KVCacheManager.release` gives its blocks
-back.
+A loop that computes a whole prompt at once with no request to track (trace
+replay, the fleet simulator) calls :func:`~radixkv.cache.placement.place_prompt`
+on the cache instead.
 
 Plain ints and numpy only (no tensor): the tables become tensors in the model
 runner. Not thread-safe: one thread, or one lock around each call.
@@ -32,9 +34,10 @@ runner. Not thread-safe: one thread, or one lock around each call.
 >>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=8, block_size=2)))
 >>> kv.match_prefix("a", [1, 2, 3, 4, 5])      # nothing cached yet
 0
->>> kv.allocate_slots("a", 5), kv.block_table("a")
+>>> kv.allocate_slots("a", 6), kv.block_table("a")
 (True, [0, 1, 2])
->>> kv.free("a", [1, 2, 3, 4])                  # computed tokens: their 2 full blocks stay cached
+>>> kv.append_output_tokens("a", [7])           # sampled: the 5 prompt tokens have K/V
+>>> kv.free("a")                                # their 2 full blocks stay cached
 >>> kv.match_prefix("b", [1, 2, 3, 4, 9])
 4
 >>> kv.block_table("b")
@@ -43,14 +46,15 @@ runner. Not thread-safe: one thread, or one lock around each call.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
-from radixkv.cache.arrays import TokenSeq, as_token_array
+from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
 from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
@@ -58,32 +62,10 @@ from radixkv.cache.null import NullCache
 from radixkv.cache.prefix_cache import PrefixCache, check_namespace, check_num_blocks
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import MatchResult
-from radixkv.checks import check_int
+from radixkv.checks import check_bool, check_int
 from radixkv.errors import InvariantError
 
-__all__ = ["CACHE_KINDS", "Admission", "KVCacheManager", "make_cache"]
-
-
-class Admission(NamedTuple):
-    """What :meth:`KVCacheManager.admit` did for one prompt (blocks; tokens where named).
-
-    - ``blocks``: the int32 blocks the caller now holds one reference on, in
-      position order: the cached prefix, then what was loaded, then the new
-      blocks (inserted: the cache adopted them, unless it caches nothing). The
-      caller owns the array and gives the references back with
-      :meth:`KVCacheManager.release`;
-    - ``num_hit_blocks``: the prefix that was resident on the device at arrival;
-    - ``num_loaded_blocks``: the blocks right after it that were on the host
-      alone and were loaded back (0 without a host tier);
-    - ``num_cached_tokens``: the tokens those two served,
-      ``(num_hit_blocks + num_loaded_blocks) * block_size``: the request's
-      first position to compute.
-    """
-
-    blocks: np.ndarray
-    num_hit_blocks: int
-    num_loaded_blocks: int
-    num_cached_tokens: int
+__all__ = ["CACHE_KINDS", "KVCacheManager", "make_cache"]
 
 
 class _Lookup(Protocol):
@@ -134,17 +116,42 @@ def _lookup_for(cache: PrefixCache) -> _Lookup:
     return _DeviceLookup(cache)
 
 
+# Room for a few output tokens past the prompt before the first doubling.
+_SPARE_TOKENS = 16
+
+
 @dataclass
 class _Entry:
-    """One request's blocks: ``table[i]`` holds positions ``[i * bs, (i + 1) * bs)``.
+    """One request: its blocks (``table[i]`` holds positions ``[i * bs, (i + 1) * bs)``)
+    and its tokens.
 
-    The first ``num_cached_blocks`` entries are known to be the cache's own blocks
-    (matched, or adopted by an earlier :meth:`KVCacheManager.cache_blocks`).
+    ``buf[:num_tokens]`` holds the request's tokens (its prompt, then the output
+    tokens appended; ``buf`` grows by doubling), and the first ``num_computed_tokens``
+    of them have K/V in the table's blocks. The first ``num_cached_blocks`` entries
+    of the table are known to be the cache's own blocks (matched, or adopted by an
+    earlier :meth:`KVCacheManager.cache_blocks`).
     """
 
     table: list[int]
     namespace: Hashable
+    buf: np.ndarray
+    num_tokens: int
+    num_computed_tokens: int
     num_cached_blocks: int = 0
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.buf[: self.num_tokens]
+
+    def append(self, ids: np.ndarray) -> None:
+        """Append ``ids`` to the tokens (amortised O(len(ids)): ``buf`` doubles when full)."""
+        stop = self.num_tokens + len(ids)
+        if stop > len(self.buf):
+            buf = np.empty(max(stop, 2 * len(self.buf)), dtype=TOKEN_DTYPE)
+            buf[: self.num_tokens] = self.tokens
+            self.buf = buf
+        self.buf[self.num_tokens : stop] = ids
+        self.num_tokens = stop
 
 
 class KVCacheManager:
@@ -152,9 +159,12 @@ class KVCacheManager:
 
     Ownership: each block in a request's table carries one reference owned by
     the manager on that request's behalf, given back by :meth:`free` (and for a
-    duplicate, by :meth:`cache_blocks`). The references an :meth:`admit` hands
-    out belong to its caller until :meth:`release`. The cache holds its own
-    references as usual. Requests are named by any hashable ``request_id``; one
+    duplicate, by :meth:`cache_blocks`). The cache holds its own references as
+    usual, and nothing else holds any (:meth:`check` verifies exactly that: a
+    whole-prompt caller, :func:`~radixkv.cache.placement.place_prompt`, uses a
+    cache of its own). The
+    manager keeps a copy of each request's tokens, and counts those that have
+    K/V. Requests are named by any hashable ``request_id``; one
     id is one request until it is freed. Pass a
     :class:`~radixkv.cache.null.NullCache` to serve without caching. With a
     ``RadixCache`` that has a host tier, lookups load the host-resident part of
@@ -169,7 +179,6 @@ class KVCacheManager:
         self._bs = self._alloc.block_size
         self._entries: dict[Hashable, _Entry] = {}
         self._lookup = _lookup_for(cache)
-        self._num_admitted_refs = 0
         self.num_evicted_blocks = 0
         """Blocks the cache freed to make room for new blocks, in total."""
         self.num_switched_blocks = 0
@@ -207,6 +216,24 @@ class KVCacheManager:
         """
         return self._entry(request_id).table
 
+    def tokens(self, request_id: Hashable) -> np.ndarray:
+        """The request's tokens: its prompt, then the output tokens appended (read-only int32).
+
+        A view of the manager's copy, valid until the next append. ``KeyError``
+        for an unknown request. Complexity: O(1).
+        """
+        view = self._entry(request_id).tokens
+        view.flags.writeable = False
+        return view
+
+    def num_computed_tokens(self, request_id: Hashable) -> int:
+        """How many of the request's first tokens have K/V in its blocks (vLLM's name).
+
+        The matched prefix at first; then as :meth:`cache_blocks` and
+        :meth:`append_output_tokens` say. ``KeyError`` for an unknown request.
+        """
+        return self._entry(request_id).num_computed_tokens
+
     # ---------------------------------------------------------------- requests
     def num_cached_tokens(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """What :meth:`match_prefix` would find for ``tokens`` now, with no side effect.
@@ -221,7 +248,8 @@ class KVCacheManager:
     def match_prefix(
         self, request_id: Hashable, tokens: TokenSeq, namespace: Hashable = None
     ) -> int:
-        """Register a request and start its table with the longest cached prefix of ``tokens``.
+        """Register a request, keep a copy of ``tokens``, and start its table with their
+        longest cached prefix.
 
         Matches at most ``len(tokens) - 1`` tokens, block-aligned. The manager
         takes one reference on each matched block for the request. Returns the
@@ -231,7 +259,12 @@ class KVCacheManager:
         and counts as cached: the scheduler budgets only what is left to compute.
         ``ValueError`` if the id is already
         registered or ``tokens`` is empty, ``TypeError`` for bad tokens or an
-        unhashable namespace, before any change. Complexity: the cache's ``match``.
+        unhashable namespace, before any change. Complexity: the cache's ``match``,
+        plus O(len(tokens)) for the copy.
+
+        The copy (int32, whatever the type of ``tokens``: a list, a numpy array, a
+        torch tensor) is the request's tokens from now on; the matched prefix is
+        its first computed tokens (:meth:`num_computed_tokens`).
         """
         if request_id in self._entries:
             raise ValueError(f"request {request_id!r} already holds blocks")
@@ -241,7 +274,10 @@ class KVCacheManager:
         namespace = check_namespace(namespace)
         m = self._lookup.find(arr[: len(arr) - 1], namespace)
         blocks = m.blocks
-        self._entries[request_id] = _Entry(list(blocks), namespace, len(blocks))
+        buf = np.empty(len(arr) + _SPARE_TOKENS, dtype=TOKEN_DTYPE)
+        buf[: len(arr)] = arr
+        entry = _Entry(list(blocks), namespace, buf, len(arr), m.num_tokens, len(blocks))
+        self._entries[request_id] = entry
         return m.num_tokens
 
     def trim(self, request_id: Hashable, num_blocks: int) -> None:
@@ -250,10 +286,11 @@ class KVCacheManager:
         For a caller that will not read part of what :meth:`match_prefix` found
         (prompt logprobs need scores the cache does not hold for every block):
         the dropped blocks' references go back, and the request computes those
-        positions itself. Only before the request has allocated anything past its
-        match: ``ValueError`` if its table holds more than its matched blocks or
-        ``num_blocks`` is not an int in ``[0, len(table)]``, ``KeyError`` for an
-        unknown request, before any change. Complexity: O(dropped blocks).
+        positions itself (its computed tokens are the kept blocks'). Only before
+        the request has allocated anything past its match: ``ValueError`` if its
+        table holds more than its matched blocks or ``num_blocks`` is not an int
+        in ``[0, len(table)]``, ``KeyError`` for an unknown request, before any
+        change. Complexity: O(dropped blocks).
         """
         entry = self._entry(request_id)
         table = entry.table
@@ -267,6 +304,7 @@ class KVCacheManager:
         if dropped:
             del table[num_blocks:]
             entry.num_cached_blocks = num_blocks
+            entry.num_computed_tokens = num_blocks * self._bs
             self._alloc.decref(dropped)
 
     def may_allocate(self, num_blocks: int) -> bool:
@@ -282,7 +320,8 @@ class KVCacheManager:
         >>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=4, block_size=2)))
         >>> kv.match_prefix("a", [1, 2, 3, 4, 5]), kv.allocate_slots("a", 5)
         (0, True)
-        >>> kv.free("a", [1, 2, 3, 4])            # 2 blocks stay cached, 2 are free
+        >>> kv.cache_blocks("a", 5)               # the prompt ran: its 2 full blocks cached
+        >>> kv.free("a")                          # 2 blocks stay cached, 2 are free
         >>> kv.may_allocate(4), kv.may_allocate(5)
         (True, False)
         """
@@ -319,29 +358,87 @@ class KVCacheManager:
         entry.table.extend(alloc.alloc(need))
         return True
 
-    def cache_blocks(self, request_id: Hashable, tokens: TokenSeq) -> None:
-        """Offer the request's full blocks of ``tokens`` (its computed tokens) to the cache.
+    def append_output_tokens(self, request_id: Hashable, token_ids: TokenSeq) -> None:
+        """Append sampled tokens to the request's: every token before the last one has K/V now.
+
+        A token is sampled from the logits of the position before it, so once
+        ``token_ids`` are sampled (in order: one decode step's token, or a whole
+        reply), every token of the request but the last has run through the
+        model: :meth:`num_computed_tokens` becomes ``len(tokens) - 1``. The last
+        one has no K/V until it runs. Nothing is offered to the cache here
+        (:meth:`free` offers the computed blocks). Empty ``token_ids`` change
+        nothing. ``ValueError`` if the request's blocks cannot hold the computed
+        tokens (allocate first), ``TypeError`` / ``ValueError`` for bad token ids,
+        ``KeyError`` for an unknown request, before any change.
+        Complexity: amortised O(len(token_ids)).
+        """
+        entry = self._entry(request_id)
+        ids = as_token_array(token_ids)
+        if len(ids) == 0:
+            return
+        computed = entry.num_tokens + len(ids) - 1
+        self._check_holds(request_id, entry, computed)
+        entry.append(ids)
+        entry.num_computed_tokens = computed
+
+    def cache_blocks(self, request_id: Hashable, num_computed_tokens: int) -> None:
+        """Record that the request's first ``num_computed_tokens`` tokens have K/V (a prefill
+        chunk ran), and offer their full blocks to the cache.
 
         The cache adopts the blocks past what it already holds. Where it held
         some of these positions in other blocks (a prefix two requests computed
         at once), the request switches to the cache's blocks and gives back its
         duplicates, which frees them: the K/V is the same, so later reads are
-        unaffected and the pool does not carry two copies. Complexity: the
+        unaffected and the pool does not carry two copies. ``ValueError`` if
+        ``num_computed_tokens`` is not an int from :meth:`num_computed_tokens` to
+        ``len(tokens)`` or the request's blocks cannot hold that many,
+        ``KeyError`` for an unknown request, before any change. Complexity: the
         cache's ``insert``, plus a ``match`` (not counted in stats) when a
         switch happens.
-        """
-        self._offer(self._entry(request_id), as_token_array(tokens), switch=True)
 
-    def free(self, request_id: Hashable, tokens: TokenSeq | None = None) -> None:
-        """Offer the full blocks of ``tokens`` (None: none) to the cache, then release the request.
-
-        Every reference the request held is given back: blocks the cache did
-        not keep become free. The id may then be registered again.
-        ``KeyError`` for an unknown request. Complexity: O(table) plus the insert.
+        Deprecated: ``cache_blocks(request_id, tokens)``, with the computed tokens
+        themselves (the form from before the manager kept them), still offers
+        their full blocks, with a ``DeprecationWarning``; it goes in the next release.
         """
         entry = self._entry(request_id)
-        if tokens is not None:
+        if hasattr(num_computed_tokens, "__len__"):  # a token sequence: the old form
+            _deprecated("cache_blocks(request_id, tokens)", "cache_blocks(request_id, n)")
+            self._offer(entry, as_token_array(num_computed_tokens), switch=True)
+            return
+        n = check_int(
+            "num_computed_tokens",
+            num_computed_tokens,
+            low=entry.num_computed_tokens,
+            high=entry.num_tokens,
+        )
+        self._check_holds(request_id, entry, n)
+        entry.num_computed_tokens = n
+        self._offer(entry, entry.tokens[:n], switch=True)
+
+    def free(
+        self, request_id: Hashable, tokens: TokenSeq | None = None, *, cache: bool = True
+    ) -> None:
+        """Offer the request's computed full blocks to the cache, then give back every reference.
+
+        Blocks the cache did not keep become free. The id may then be registered
+        again. ``cache=False`` offers nothing (after a failed step, whose K/V is
+        not trusted). ``KeyError`` for an unknown request, before any change.
+        Complexity: O(table) plus the insert.
+
+        Deprecated: ``free(request_id, tokens)`` offers the full blocks of
+        ``tokens`` instead of the kept computed ones (the form from before the
+        manager kept them), with a ``DeprecationWarning``; it goes in the next
+        release. ``ValueError`` if it is given with ``cache=False``.
+        """
+        entry = self._entry(request_id)
+        if not check_bool("cache", cache):
+            if tokens is not None:
+                raise ValueError("free takes tokens (deprecated) or cache=False, not both")
+        elif tokens is not None:
+            _deprecated("free(request_id, tokens)", "free(request_id)")
             self._offer(entry, as_token_array(tokens), switch=False)
+        else:
+            self._offer(entry, entry.tokens[: entry.num_computed_tokens], switch=False)
         del self._entries[request_id]
         if entry.table:
             self._alloc.decref(entry.table)
@@ -352,67 +449,21 @@ class KVCacheManager:
         for entry in self._entries.values():
             entry.num_cached_blocks = 0
 
-    # ------------------------------------------------- the whole-prompt cycle
-    def admit(
-        self, tokens: TokenSeq, namespace: Hashable = None, *, exclusive: bool = True
-    ) -> Admission | None:
-        """Match, evict the shortfall, allocate, insert: give one prompt its blocks at once.
-
-        For a caller that computes the whole prompt in one go (trace replay, a
-        simulated replica), with no request id: finds the cached prefix (with a
-        host tier, loading its host-only part back), evicts from the cache when
-        fewer blocks are free than the uncached full blocks need, allocates what
-        it can and inserts the prompt's full blocks up to there. Returns the
-        :class:`Admission`, whose ``blocks`` now carry one reference each for the
-        caller (give them back with :meth:`release`; the cache keeps its own).
-
-        When even eviction leaves too few free blocks: an ``exclusive`` call (the
-        caller holds nothing else: nothing can wait for a release) allocates and
-        inserts as much as fits; a non-``exclusive`` one gives its match back and
-        returns None, having evicted what it could (the caller waits for blocks
-        to be released). The partial last block of ``tokens`` is never cached.
-        ``TypeError`` / ``ValueError`` for bad tokens or namespace, as the cache's
-        ``match``, before any change. Complexity: the cache's ``match`` (or
-        ``load``), ``evict`` and ``insert``.
-        """
-        m, num_loaded = self._lookup.find_loaded(tokens, namespace)  # validates tokens first
-        hit = m.block_array
-        num_matched = len(hit)
-        alloc = self._alloc
-        bs = self._bs
-        need = len(tokens) // bs - num_matched
-        blocks = hit
-        if need > 0:
-            if alloc.num_free < need:
-                self._evict_shortfall(need)
-                if alloc.num_free < need and not exclusive:
-                    alloc.decref_distinct(hit)
-                    return None
-            new = alloc.alloc_array(min(need, alloc.num_free))
-            if len(new):
-                blocks = np.concatenate((hit, new))
-                arr = as_token_array(tokens)
-                self._cache.insert(arr[: (num_matched + len(new)) * bs], blocks, namespace)
-        self._num_admitted_refs += len(blocks)
-        return Admission(blocks, num_matched - num_loaded, num_loaded, m.num_tokens)
-
-    def release(self, blocks: np.ndarray) -> None:
-        """Give back the references an :meth:`admit` handed out: its ``Admission.blocks``.
-
-        Blocks the cache did not keep become free. ``ValueError`` (the
-        allocator's ``decref_distinct``) for a block with no reference to give
-        back. Complexity: O(len(blocks)).
-        """
-        if len(blocks):
-            self._alloc.decref_distinct(blocks)
-            self._num_admitted_refs -= len(blocks)
-
     # ---------------------------------------------------------------- helpers
     def _entry(self, request_id: Hashable) -> _Entry:
         try:
             return self._entries[request_id]
         except KeyError:
             raise KeyError(f"unknown request {request_id!r}") from None
+
+    def _check_holds(self, request_id: Hashable, entry: _Entry, num_tokens: int) -> None:
+        """``ValueError`` unless the request's blocks hold ``num_tokens`` positions."""
+        need = self.num_blocks_for(num_tokens)
+        if need > len(entry.table):
+            raise ValueError(
+                f"{num_tokens} computed tokens need {need} blocks; request {request_id!r} "
+                f"holds {len(entry.table)} (allocate_slots first)"
+            )
 
     def _evict_shortfall(self, need: int) -> None:
         """Ask the cache to free the blocks ``need`` lacks beyond the free ones; count them."""
@@ -446,18 +497,16 @@ class KVCacheManager:
 
     # --------------------------------------------------------------- invariants
     def check(self) -> None:
-        """Verify reference conservation; ``InvariantError`` naming the first broken rule.
+        """Verify reference conservation and each request's counts; ``InvariantError``
+        naming the first broken rule.
 
         For every block: refcount == (tables holding it) + (1 if the cache holds
-        it) + (admissions holding it), so a block is free exactly when nobody
-        holds it. Admissions are counted in total (their blocks are the
-        caller's): each block's refcount must be at least the tables' and the
-        cache's, and the surplus over all blocks must equal the references
-        :meth:`admit` handed out and :meth:`release` has not taken back.
-        Assumes the manager's requests, its admissions and the cache are the
-        only holders (true inside the engine, replay and the simulator). Also
-        checks that no table repeats a block and the cache's and allocator's
-        own invariants. Complexity: O(num_blocks + held blocks).
+        it), so a block is free exactly when nobody holds it. Assumes the
+        manager's requests and the cache are the only holders (true inside the
+        engine). Per request: its table repeats no block and holds its computed
+        tokens, which are at most its tokens; its known-cached blocks are at
+        most its table. Also the cache's and the allocator's own invariants.
+        Complexity: O(num_blocks + held blocks).
         """
         alloc = self._alloc
         expected = np.zeros(alloc.num_blocks, dtype=np.int64)
@@ -467,21 +516,22 @@ class KVCacheManager:
                 raise InvariantError(f"request {request_id!r}'s block table repeats a block")
             if entry.num_cached_blocks > table.size:
                 raise InvariantError(f"request {request_id!r} claims more cached blocks than held")
+            if not 0 <= entry.num_computed_tokens <= entry.num_tokens <= len(entry.buf):
+                raise InvariantError(
+                    f"request {request_id!r} counts {entry.num_computed_tokens} computed of "
+                    f"{entry.num_tokens} tokens"
+                )
+            if self.num_blocks_for(entry.num_computed_tokens) > table.size:
+                raise InvariantError(f"request {request_id!r}'s blocks lack its computed tokens")
             np.add.at(expected, table, 1)
         expected[self._cache.held_blocks()] += 1
         actual = alloc.refcount_array
-        surplus = actual - expected
-        bad = np.flatnonzero(surplus < 0) if self._num_admitted_refs else np.flatnonzero(surplus)
+        bad = np.flatnonzero(actual != expected)
         if bad.size:
             b = int(bad[0])
             raise InvariantError(
                 f"refcount of block {b} is {int(actual[b])}, but requests and the cache "
                 f"hold {int(expected[b])} references ({bad.size} blocks off)"
-            )
-        if int(surplus.sum()) != self._num_admitted_refs:
-            raise InvariantError(
-                f"blocks carry {int(surplus.sum())} references beyond the requests' and the "
-                f"cache's, but admissions hold {self._num_admitted_refs}"
             )
         self._cache.check()
 
@@ -490,6 +540,16 @@ class KVCacheManager:
             f"KVCacheManager(cache={self._cache!r}, requests={len(self._entries)}, "
             f"free={self._alloc.num_free})"
         )
+
+
+def _deprecated(old: str, new: str) -> None:
+    """Warn a caller of a ``KVCacheManager`` form that passes tokens the manager now keeps."""
+    warnings.warn(
+        f"KVCacheManager.{old} is deprecated and goes in the next release: the manager keeps "
+        f"each request's tokens since match_prefix; call {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 CACHE_KINDS = ("radix", "hash", None)

@@ -16,8 +16,9 @@ decides who runs and asks the manager for blocks. Each step:
    cache's blocks.
 2. The engine runs the model on the scheduled tokens.
 3. ``postprocess(output, next_tokens)`` advances each request, appends sampled
-   tokens, offers each prefill chunk's full blocks to the cache, and on finish
-   frees the request's blocks (the cache keeps what it adopted).
+   tokens (to the request and to the manager, which keeps a copy of each
+   request's tokens), offers each prefill chunk's full blocks to the cache, and
+   on finish frees the request's blocks (the cache keeps what it adopted).
 
 Two choices go beyond the minimum, both so that a shared prefix is computed
 once when requests arrive together (all users of a system prompt at once):
@@ -227,10 +228,7 @@ class Scheduler:
         if self._unfinished.get(request.request_id) is not request:
             raise ValueError(f"request {request.request_id} is not waiting or running here")
         if request.status is RequestStatus.RUNNING:
-            computed = request.tokens[: request.num_computed_tokens]
-            self.kv_manager.free(
-                request.request_id, None if reason is FinishReason.ERROR else computed
-            )
+            self.kv_manager.free(request.request_id, cache=reason is not FinishReason.ERROR)
             self.running.remove(request)
         else:
             if request is self._held:
@@ -306,7 +304,7 @@ class Scheduler:
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Free ``req``'s blocks (computed ones offered to the cache first); requeue it."""
-        self.kv_manager.free(req.request_id, req.tokens[: req.num_computed_tokens])
+        self.kv_manager.free(req.request_id)
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -435,16 +433,17 @@ class Scheduler:
             req.num_decode_tokens += seq.num_new_tokens - prefill
             req.num_computed_tokens = seq.stop
             if prefill:
-                kv.cache_blocks(req.request_id, req.tokens[: seq.stop])
+                kv.cache_blocks(req.request_id, seq.stop)
             if not seq.samples:
                 continue
             if token is None:
                 raise ValueError(f"request {req.request_id} reached its last token: need a token")
             req.append_token(int(token))
+            kv.append_output_tokens(req.request_id, (int(token),))
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.finish_reason is not None:
-                kv.free(req.request_id, req.tokens[: req.num_computed_tokens])
+                kv.free(req.request_id)
                 req.status = RequestStatus.FINISHED
                 req.finish_time = now
                 self.running.remove(req)
@@ -456,11 +455,13 @@ class Scheduler:
     def check(self) -> None:
         """Verify the bookkeeping; ``InvariantError`` naming the first broken rule.
 
-        Running requests hold blocks covering their computed tokens; waiting
+        Running requests hold blocks covering their computed tokens, and the
+        manager keeps their tokens and computed count as they are; waiting
         ones hold none but the held request, which waits holding its matched
         prefix and nothing more; at most ``max_num_seqs`` run; and
         (``kv_manager.check``) every block's refcount equals the references
-        requests and the cache hold. Complexity: O(num_blocks + held blocks).
+        requests and the cache hold. Complexity: O(num_blocks + held blocks +
+        running requests' tokens).
         """
         kv = self.kv_manager
         for req in self.running:
@@ -470,6 +471,11 @@ class Scheduler:
                 raise InvariantError(f"{req} runs without blocks")
             if len(kv.block_table(req.request_id)) * self.block_size < req.num_computed_tokens:
                 raise InvariantError(f"{req}'s blocks do not cover its computed tokens")
+            if kv.num_computed_tokens(req.request_id) != req.num_computed_tokens:
+                raise InvariantError(f"the manager counts other computed tokens than {req}")
+            kept = kv.tokens(req.request_id)
+            if kept.shape != req.tokens.shape or not (kept == req.tokens).all():
+                raise InvariantError(f"the manager keeps other tokens than {req}'s")
         for req in self.waiting:
             if req.status is not RequestStatus.WAITING:
                 raise InvariantError(f"{req} is in the waiting queue")

@@ -2,9 +2,9 @@
 
 :class:`Replica` owns a real :class:`~radixkv.cache.radix.RadixCache` over its
 own block pool, with KV events on (hashed with :data:`FLEET_HASHER`). Its
-``admit`` is the cache tier's ``KVCacheManager.admit``, the step replay takes
-(match, evict the shortfall, allocate, insert), and leaves the request holding
-its blocks until ``release``.
+``place`` is the cache tier's ``place_prompt``, the step replay takes (match,
+evict the shortfall, allocate, insert), and leaves the request holding its
+blocks until ``release``.
 
 A scheduler runs the replica's queue in simulated time and reports to its
 :class:`Host` (the simulator): ``admit`` when a request's prefill starts (the
@@ -40,7 +40,7 @@ import numpy as np
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.events import KVCacheEvent
 from radixkv.cache.hashing import ChainHasher
-from radixkv.cache.manager import KVCacheManager
+from radixkv.cache.placement import place_prompt
 from radixkv.cache.radix import RadixCache
 from radixkv.fleet.routing import ReplicaState
 from radixkv.fleet.service import BatchConfig, ServiceModel
@@ -60,8 +60,8 @@ FLEET_HASHER = ChainHasher("xxhash", seed=0)
 class Replica:
     """One simulated replica: its allocator, cache, state (as a router sees it) and counters.
 
-    ``kv`` is the :class:`~radixkv.cache.manager.KVCacheManager` over ``cache``
-    whose ``admit`` is the replica's cache step. ``work`` is the replica's
+    :meth:`place` (``place_prompt`` over ``cache``) is the replica's cache
+    step. ``work`` is the replica's
     service time as a saturated replica would spend it (serial: prefill +
     decode; batched: ``BatchConfig.work``), ``busy_time`` the time it had
     anything running.
@@ -72,7 +72,6 @@ class Replica:
         "busy_time",
         "cache",
         "capacity_blocks",
-        "kv",
         "served",
         "state",
         "work",
@@ -81,7 +80,6 @@ class Replica:
     def __init__(self, rid: Hashable, capacity_blocks: int, block_size: int, eviction: str) -> None:
         self.allocator = BlockAllocator(capacity_blocks, block_size)
         self.cache = RadixCache(self.allocator, eviction=eviction, events=FLEET_HASHER)
-        self.kv = KVCacheManager(self.cache)
         self.capacity_blocks = capacity_blocks
         self.busy_time = 0.0
         self.work = 0.0
@@ -91,32 +89,32 @@ class Replica:
     def take_events(self) -> list[KVCacheEvent]:
         return self.cache.take_events()
 
-    def admit(
+    def place(
         self, tokens: np.ndarray, namespace: Hashable = None, *, exclusive: bool = True
     ) -> tuple[int, np.ndarray] | None:
         """Match, evict the shortfall, allocate, insert: ``(hit in cache tokens, blocks held)``.
 
-        ``KVCacheManager.admit``: the caller holds one reference on each
+        ``place_prompt``: the caller holds one reference on each
         returned block until :meth:`release`. When the free and evictable
         blocks cannot hold the uncached part, a non-``exclusive`` call gives its
         match back and returns None (the request waits); an ``exclusive`` one
         (nothing else running) inserts as much as fits. Complexity: the cache's
         match, evict and insert.
         """
-        admission = self.kv.admit(tokens, namespace, exclusive=exclusive)
-        if admission is None:
+        placed = place_prompt(self.cache, tokens, namespace, exclusive=exclusive)
+        if placed is None:
             return None
-        return admission.num_cached_tokens, admission.blocks
+        return placed.num_cached_tokens, placed.blocks
 
     def release(self, blocks: np.ndarray) -> None:
-        """Give back the references :meth:`admit` returned."""
-        self.kv.release(blocks)
+        """Give back the references :meth:`place` returned."""
+        self.allocator.decref_distinct(blocks)
 
     def serve(self, tokens: np.ndarray, namespace: Hashable = None) -> int:
-        """Admit and release at once (radix replay's step); the hit in cache tokens."""
-        hit, blocks = self.admit(tokens, namespace)  # type: ignore[misc]  # exclusive: never None
-        self.release(blocks)
-        return hit
+        """Place and release at once (radix replay's step); the hit in cache tokens."""
+        placed = place_prompt(self.cache, tokens, namespace)
+        self.allocator.decref_distinct(placed.blocks)
+        return placed.num_cached_tokens
 
 
 class Host(Protocol):

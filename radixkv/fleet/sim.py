@@ -310,7 +310,7 @@ class _Run:
     def admit(self, k: int, i: int, exclusive: bool) -> tuple[int, np.ndarray] | None:
         req = self.reqs[i]
         rep = self.replicas[k]
-        got = rep.admit(req.tokens, req.namespace, exclusive=exclusive)
+        got = rep.place(req.tokens, req.namespace, exclusive=exclusive)
         if got is None:
             return None
         hit, blocks = got

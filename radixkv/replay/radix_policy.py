@@ -23,7 +23,7 @@ import numpy as np
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.eviction import EVICTION_ORDERS
 from radixkv.cache.host import HostTier, NullCopier
-from radixkv.cache.manager import KVCacheManager
+from radixkv.cache.placement import place_prompt
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats
 from radixkv.checks import check_int
@@ -37,11 +37,10 @@ _EVICTION = {f"radix-{name}": name for name in EVICTION_ORDERS}
 class RadixReplayer:
     """The radix tree as a replay policy, one request at a time.
 
-    Owns a ``BlockAllocator(num_blocks=capacity, block_size=1)``, a
-    ``RadixCache`` over it and the ``KVCacheManager`` whose ``admit`` serves
-    each request (``alloc``, ``cache`` and ``kv``, exposed for inspection; do
-    not mutate them). Between requests every block is either free or held by
-    the tree alone.
+    Owns a ``BlockAllocator(num_blocks=capacity, block_size=1)`` and a
+    ``RadixCache`` over it, which ``place_prompt`` serves each request from
+    (``alloc`` and ``cache``, exposed for inspection; do not mutate them).
+    Between requests every block is either free or held by the tree alone.
 
     With ``host_capacity > 0`` the cache also has a host tier: ``host_alloc``
     (``BlockAllocator(host_capacity, 1)``) under a write-back, LRU-ordered
@@ -64,7 +63,6 @@ class RadixReplayer:
             self.copier = NullCopier()
             host = HostTier(self.host_alloc, self.copier, write_policy="write_back", eviction="lru")
         self.cache = RadixCache(self.alloc, eviction=_EVICTION[policy], host=host)
-        self.kv = KVCacheManager(self.cache)
 
     def step(self, seq: np.ndarray) -> int:
         """Serve one request (an int32 id array); return its device hit length in blocks.
@@ -81,7 +79,7 @@ class RadixReplayer:
         ``device_hit`` is the length of the prefix of ``seq`` resident on the
         device at arrival; ``loaded`` the blocks right after it that were on
         the host alone and were loaded back (always 0 without a host tier).
-        One ``KVCacheManager.admit`` (match or load, evict the shortfall,
+        One ``place_prompt`` (match or load, evict the shortfall,
         allocate what fits, insert the longest prefix that fits; with a host
         tier the evicted leaves are backed up to the host, write-back, and an
         insert through host-only nodes the load could not bring back gives
@@ -95,9 +93,9 @@ class RadixReplayer:
         Complexity: O(len(seq)) plus O(evicted leaves * log leaves), plus the
         host tier's backups and host evictions.
         """
-        admission = self.kv.admit(seq)
-        self.kv.release(admission.blocks)
-        return admission.num_hit_blocks, admission.num_loaded_blocks
+        placed = place_prompt(self.cache, seq)
+        self.alloc.decref_distinct(placed.blocks)
+        return placed.num_hit_blocks, placed.num_loaded_blocks
 
     def count_matchable(self, trace: Trace) -> int:
         """Distinct device blocks some request of ``trace`` matches now (bumps LRU clocks).
