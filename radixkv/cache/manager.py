@@ -160,11 +160,10 @@ class KVCacheManager:
     Ownership: each block in a request's table carries one reference owned by
     the manager on that request's behalf, given back by :meth:`free` (and for a
     duplicate, by :meth:`cache_blocks`). The cache holds its own references as
-    usual, and nothing else holds any (:meth:`check` verifies exactly that: a
-    whole-prompt caller, :func:`~radixkv.cache.placement.place_prompt`, uses a
-    cache of its own). The
-    manager keeps a copy of each request's tokens, and counts those that have
-    K/V. Requests are named by any hashable ``request_id``; one
+    usual; :meth:`check` assumes nobody else holds any (a whole-prompt caller,
+    :func:`~radixkv.cache.placement.place_prompt`, uses a cache of its own). The
+    manager keeps a copy of each request's tokens and counts those with K/V.
+    Requests are named by any hashable ``request_id``; one
     id is one request until it is freed. Pass a
     :class:`~radixkv.cache.null.NullCache` to serve without caching. With a
     ``RadixCache`` that has a host tier, lookups load the host-resident part of
