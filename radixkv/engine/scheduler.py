@@ -439,7 +439,7 @@ class Scheduler:
             if token is None:
                 raise ValueError(f"request {req.request_id} reached its last token: need a token")
             req.append_token(int(token))
-            kv.append_output_tokens(req.request_id, (int(token),))
+            kv.append_output_tokens(req.request_id, req.tokens[-1:])  # int32: no conversion
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.finish_reason is not None:
