@@ -88,3 +88,19 @@ def test_not_gguf_rejected(tmp_path: Path) -> None:
     p.write_bytes(b"GGML" + bytes(20))
     with pytest.raises(ValueError, match="not a GGUF"):
         read_gguf(p)
+
+
+def test_metadata_nested_too_deeply_is_a_value_error(tmp_path: Path) -> None:
+    """An array of arrays 3,000 deep: a ValueError naming the file and the key, not a
+    RecursionError."""
+    import struct
+
+    path = tmp_path / "deep.gguf"
+    key = b"general.deep"
+    nested = struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 9, 1) * 2999
+    path.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+        + nested + struct.pack("<IQ", 4, 0)
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=f"{path}: metadata 'general.deep' nests too deeply"):
+        read_gguf(path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from radixkv.cache.hashing import ChainHasher
+from radixkv.cache.hashing import ChainHasher, vllm_hash_seed
 from radixkv.checks import check_bool
 from radixkv.engine.engine import Engine, EngineConfig
 from radixkv.model.loading import check_model_options, load_model
@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 __all__ = ["build_engine", "check_engine_options", "engine_config", "event_hasher"]
 
 
-def event_hasher(seed: int | str = 0) -> ChainHasher:
+def event_hasher(seed: int | str | None = None) -> ChainHasher:
     """The chain hash a serving cache names its blocks with: vLLM's ``sha256_cbor`` when
-    ``cbor2`` is installed, else ``xxhash``."""
+    ``cbor2`` is installed, else ``xxhash``, seeded with ``seed``; None takes vLLM's seed
+    rule in this process (:func:`~radixkv.cache.hashing.vllm_hash_seed`: ``PYTHONHASHSEED``,
+    else ``"vllm-none-hash"``), so the blocks are named as a vLLM server here names them."""
     name = "sha256_cbor" if importlib.util.find_spec("cbor2") is not None else "xxhash"
-    return ChainHasher(name, seed=seed)
+    return ChainHasher(name, seed=vllm_hash_seed() if seed is None else seed)
 
 
 def check_engine_options(dtype: str, attention_backend: str | None, cuda_graphs: bool) -> None:
@@ -75,6 +77,7 @@ def build_engine(
     block_size: int = 16,
     num_blocks: int | None = None,
     events: bool = False,
+    hash_seed: int | str | None = None,
     seed: int = 0,
     max_num_seqs: int = 64,
     host_kv_blocks: int = 0,
@@ -93,7 +96,8 @@ def build_engine(
     special tokens, see :class:`~radixkv.text.tokenizer.ChatTokenizer`), or a
     ``(decoder, tokenizer)`` pair ``load_model`` returned (those three were the loader's
     to apply: ``ValueError`` if given here). ``events=True`` builds the cache with KV events on
-    (:func:`event_hasher`, seed 0, so every replica names a block alike);
+    (``event_hasher(hash_seed)``: None is vLLM's seed rule in this process; a fleet passes
+    every replica one seed, so they name a block alike);
     ``engine.cache.take_events()`` returns them. ``host_kv_blocks`` > 0 adds a
     host-memory tier of that many blocks; ``prefix_caching=False`` caches nothing. The
     settings are checked before the model loads: ``ValueError`` naming the bad setting,
@@ -133,5 +137,5 @@ def build_engine(
         raise TypeError(
             f"spec must be a str or a (decoder, tokenizer) pair, got {type(spec).__name__}"
         )
-    hasher = event_hasher() if events else None
+    hasher = event_hasher(hash_seed) if events else None
     return Engine(decoder, config, tokenizer=tokenizer, events=hasher)

@@ -101,9 +101,9 @@ class _Cursor:
 def read_gguf(path: str | Path) -> GGUFFile:
     """Parse ``path``'s metadata and tensor table; tensor bytes stay memory-mapped.
 
-    Raises ``ValueError`` for a non-GGUF file, a big-endian or v1 file, or an
-    unknown tensor type. Complexity: O(metadata size) Python work; no tensor
-    data is read until used.
+    Raises ``ValueError`` for a non-GGUF file, a big-endian or v1 file, a metadata
+    value nested past the interpreter's recursion limit, or an unknown tensor type.
+    Complexity: O(metadata size) Python work; no tensor data is read until used.
     """
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -120,7 +120,10 @@ def read_gguf(path: str | Path) -> GGUFFile:
     fields: dict[str, Any] = {}
     for _ in range(num_fields):
         key = cur.string()
-        fields[key] = cur.value(cur.unpack("<I"))
+        try:
+            fields[key] = cur.value(cur.unpack("<I"))
+        except RecursionError:  # arrays of arrays past the interpreter's recursion limit
+            raise ValueError(f"{path}: metadata {key!r} nests too deeply") from None
     infos = []
     for _ in range(num_tensors):
         name = cur.string()
