@@ -73,6 +73,7 @@ from radixkv.cache.node import NO_CHILDREN as _NO_CHILDREN
 from radixkv.cache.node import TOKEN_BYTES as _TOKEN_BYTES
 from radixkv.cache.node import Node as _Node
 from radixkv.cache.node import Root as _Root
+from radixkv.cache.pins import Pins
 from radixkv.cache.prefix_cache import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
 from radixkv.cache.tree_events import NO_TREE_EVENTS, NoTreeEvents, TreeEvents
@@ -159,11 +160,7 @@ class RadixCache:
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
         self._stats = CacheStats()
-        self._max_pinned = max_pinned_blocks
-        self._num_pinned = 0  # blocks in nodes with pinned > 0
-        # (namespace key, the full-block bytes pin() was given) -> pinned prefix lengths in
-        # bytes, one per pin() not yet undone
-        self._pins: dict[tuple[Hashable, bytes], list[int]] = {}
+        self._pins = Pins(max_pinned_blocks)
         self._events: TreeEvents | NoTreeEvents = (
             NO_TREE_EVENTS if events is None else TreeEvents(events, allocator.block_size)
         )
@@ -305,7 +302,7 @@ class RadixCache:
     def stats(self) -> CacheStats:
         """A snapshot of the counters (and ``pinned_blocks``, the blocks pins hold now)."""
         return replace(
-            self._stats, pinned_blocks=self._num_pinned, host_blocks=self.host_cached_blocks
+            self._stats, pinned_blocks=self._pins.num_blocks, host_blocks=self.host_cached_blocks
         )
 
     # ------------------------------------------------------------------ match
@@ -573,12 +570,12 @@ class RadixCache:
     @property
     def pinned_blocks(self) -> int:
         """Blocks in pinned nodes: never evicted while pinned."""
-        return self._num_pinned
+        return self._pins.num_blocks
 
     @property
     def max_pinned_blocks(self) -> int:
         """The cap on :attr:`pinned_blocks` (below the pool size, so pins never exhaust it)."""
-        return self._max_pinned
+        return self._pins.max_blocks
 
     def pin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """Keep the cached block-aligned prefix of ``tokens`` in the tree until :meth:`unpin`.
@@ -597,28 +594,16 @@ class RadixCache:
         ns_key, root = self._lookup_root(namespace)
         # Only the device prefix can be pinned: a host-only node is already evicted.
         path, pos, split_child, split_at = self._host.device_part(*self._walk(root, arr))
-        if split_child is not None:
-            path = [*path, split_child]  # only its first split_at blocks will be pinned
-        added = sum(n.num_blocks for n in path if not n.pinned)
-        if split_child is not None and not split_child.pinned:
-            added -= split_child.num_blocks - split_at
-        if self._num_pinned + added > self._max_pinned:
-            raise ValueError(
-                f"pinning {added} more blocks would pass max_pinned_blocks="
-                f"{self._max_pinned} ({self._num_pinned} pinned)"
-            )
+        self._pins.check_room(path, split_child, split_at)
         if pos == 0:
             return 0
         if split_child is not None:
-            path[-1] = self._split(split_child, split_at)
+            path = [*path, self._split(split_child, split_at)]
         self._clock += 1
         for node in path:
             node.last_access = self._clock
-            if not node.pinned:
-                self._num_pinned += node.num_blocks
-            node.pinned += 1
         n_bytes = len(arr) // self._bs * self._block_bytes
-        self._pins.setdefault((ns_key, arr.tobytes()[:n_bytes]), []).append(pos)
+        self._pins.add((ns_key, arr.tobytes()[:n_bytes]), path)
         return pos // _TOKEN_BYTES
 
     def unpin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
@@ -630,32 +615,12 @@ class RadixCache:
         ns_key = namespace_key(namespace)
         n_bytes = len(arr) // self._bs * self._block_bytes
         key = (ns_key, arr.tobytes()[:n_bytes])
-        stack = self._pins.get(key)
-        if not stack:
+        tokens_pinned = self._pins.remove(key)
+        if tokens_pinned is None:
             raise ValueError(
                 f"tokens ({len(arr)} tokens) have no pin in force under namespace {namespace!r}"
             )
-        pos = stack.pop()
-        if not stack:
-            del self._pins[key]
-        for node in self._pinned_path(ns_key, key[1], pos):
-            node.pinned -= 1
-            if not node.pinned:
-                self._num_pinned -= node.num_blocks
-        return pos // _TOKEN_BYTES
-
-    def _pinned_path(self, ns_key: Hashable, data: bytes, pos: int) -> list[_Node]:
-        """The nodes of a pinned prefix (the first ``pos`` bytes of ``data`` under ``ns_key``).
-
-        ``InvariantError`` if the prefix no longer ends at a node of the tree
-        (``pin`` split it there and eviction skips pinned nodes).
-        """
-        root = self._roots.get(ns_key)
-        invariant(root is not None, "a pin's namespace holds nothing")
-        path, matched, split_child, _ = self._walk(root, np.frombuffer(data[:pos], np.int32))
-        invariant(split_child is None, "a pinned prefix does not end at a node")
-        invariant(matched == pos, "a pinned prefix left the tree")
-        return path
+        return tokens_pinned
 
     # ------------------------------------------------------------------ evict
     def evict(self, num_blocks: int) -> int:
@@ -790,7 +755,6 @@ class RadixCache:
         self._num_dead = 0
         self._num_cached = 0
         self._pins.clear()
-        self._num_pinned = 0
         self._order.on_reset()
 
     # ------------------------------------------------------------- host tier
@@ -1079,20 +1043,9 @@ class RadixCache:
                             f"eviction order {self._order!r} lowered a key on a touch",
                         )
                         invariant(node.entry in self._leaves, "a leaf's entry is not in the index")
-        want: dict[int, int] = {}
-        for (ns_key, data), lengths in self._pins.items():
-            for pos in lengths:
-                for node in self._pinned_path(ns_key, data, pos):
-                    want[id(node)] = want.get(id(node), 0) + 1
         nodes = list(self._iter_nodes())
-        pinned_blocks = 0
-        for node in nodes:
-            invariant(node.pinned == want.get(id(node), 0), "a node's pin count is off")
-            if node.pinned:
-                pinned_blocks += node.num_blocks
-        invariant(pinned_blocks == self._num_pinned, "pinned_blocks count is off")
+        self._pins.check(nodes, self._roots)
         self._order.check(nodes)
-        invariant(self._num_pinned <= self._max_pinned, "pins passed max_pinned_blocks")
         dead = sum(1 for e in self._leaves if e[-1].entry is not e)
         invariant(dead == self._num_dead, "dead leaf-index entries miscounted")
         invariant(leaves == len(self._leaves) - dead, "leaf index misses leaves or has extras")
