@@ -53,7 +53,7 @@ from dataclasses import replace
 import numpy as np
 from sortedcontainers import SortedList
 
-from radixkv.cache import kernels
+from radixkv.cache import inspection, kernels
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import (
     BlockSeq,
@@ -261,32 +261,7 @@ class RadixCache:
 
         Complexity: O(nodes + cached blocks), vectorised per node.
         """
-        rc = self._alloc.refcount_array
-        last_busy = kernels.last_busy
-        total = 0
-        for root in self._roots.values():
-            # Post-order: a node is evictable iff its blocks are free of requests and
-            # every child is evictable (its children must go first).
-            stack: list[tuple[_Node, bool]] = [(root, False)]
-            ok: dict[int, bool] = {}
-            while stack:
-                node, expanded = stack.pop()
-                if not expanded:
-                    stack.append((node, True))
-                    stack.extend((c, False) for c in node.children.values())
-                    continue
-                good = all(ok[id(c)] for c in node.children.values())
-                if node.pinned:
-                    good = False  # evict skips it, so nothing above it goes either
-                elif node is not root and good:
-                    # Blocks after the last held one can go (evict splits them off); a
-                    # host-only node has none (ids is empty) and never holds its parent back.
-                    ids = node.block_ids()
-                    busy = last_busy(rc, ids)
-                    total += len(ids) - (busy + 1)
-                    good = busy < 0
-                ok[id(node)] = good
-        return total
+        return inspection.evictable_blocks(self._roots.values(), self._alloc.refcount_array)
 
     @property
     def num_nodes(self) -> int:
@@ -968,12 +943,7 @@ class RadixCache:
             self._num_dead = 0
 
     def _iter_nodes(self) -> Iterator[_Node]:
-        for root in self._roots.values():
-            stack = list(root.children.values())
-            while stack:
-                node = stack.pop()
-                yield node
-                stack.extend(node.children.values())
+        return inspection.iter_nodes(self._roots.values())
 
     # ------------------------------------------------------------ inspection
     def check(self) -> None:
@@ -1065,33 +1035,12 @@ class RadixCache:
 
     def pretty(self, max_tokens: int = 8, max_blocks: int = 6) -> str:
         """The tree as indented text: each node's tokens, blocks and refcounts, abbreviated."""
-        lines = [
+        header = (
             f"RadixCache(block_size={self._bs}, eviction={self.eviction!r}, "
             f"cached_blocks={self._num_cached}, free={self._alloc.num_free})"
-        ]
-        for root in self._roots.values():
-            lines.append(f"namespace {root.namespace!r}")
-            self._pretty_children(root, "", lines, max_tokens, max_blocks)
-        return "\n".join(lines)
-
-    def _pretty_children(
-        self, node: _Node, indent: str, lines: list[str], max_tokens: int, max_blocks: int
-    ) -> None:
-        children = list(node.children.values())
-        for i, child in enumerate(children):
-            last = i == len(children) - 1
-            toks = _abbrev(child.tokens().tolist(), max_tokens)
-            blocks = child.block_ids().tolist()
-            rcs = self._alloc.refcounts(child.block_ids()).tolist()
-            host = child.host_ids().tolist()
-            host = f" host {_abbrev(host, max_blocks)}" if child.host is not None else ""
-            lines.append(
-                f"{indent}{'└── ' if last else '├── '}{toks} ({len(child.key) // _TOKEN_BYTES} tok)"
-                f" blocks {_abbrev(blocks, max_blocks)} rc {_abbrev(rcs, max_blocks)}{host}"
-            )
-            self._pretty_children(
-                child, indent + ("    " if last else "│   "), lines, max_tokens, max_blocks
-            )
+        )
+        rc = self._alloc.refcount_array
+        return inspection.render(header, self._roots.values(), rc, max_tokens, max_blocks)
 
     def __str__(self) -> str:
         return self.pretty()
@@ -1109,10 +1058,3 @@ def _has_device_child(node: _Node) -> bool:
             return True
     return False
 
-
-def _abbrev(values: list[int], limit: int) -> str:
-    if len(values) <= limit:
-        return "[" + " ".join(map(str, values)) + "]"
-    head = " ".join(map(str, values[: limit - 2]))
-    tail = " ".join(map(str, values[-2:]))
-    return f"[{head} … {tail}]"
