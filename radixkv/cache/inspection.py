@@ -2,19 +2,21 @@
 
 Functions over a tree's roots (``radixkv.cache.node``), never the tree: ``RadixCache``'s
 ``evictable_blocks``, ``num_nodes``, ``pretty`` and ``check`` call them (so this
-module imports only ``node``, and the tree imports it).
+module imports nothing of the tree, and the tree imports it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 import numpy as np
 
 from radixkv.cache import kernels
 from radixkv.cache.node import TOKEN_BYTES, Node, Root
+from radixkv.cache.tree_events import NoTreeEvents, TreeEvents
+from radixkv.errors import invariant
 
-__all__ = ["evictable_blocks", "iter_nodes", "render"]
+__all__ = ["check_structure", "evictable_blocks", "iter_nodes", "render"]
 
 
 def iter_nodes(roots: Iterable[Root]) -> Iterator[Node]:
@@ -25,6 +27,48 @@ def iter_nodes(roots: Iterable[Root]) -> Iterator[Node]:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+
+def check_structure(
+    roots: dict[Hashable, Root], block_bytes: int, events: TreeEvents | NoTreeEvents
+) -> list[Node]:
+    """Invariants 1-3 of docs/design.md over every node below ``roots`` (filed by namespace
+    key), and each node's digests (``events.check``); return the nodes (``iter_nodes`` order).
+
+    Roots are their namespace's, bare and non-empty; every other node holds a non-empty,
+    block-aligned run of tokens (``block_bytes`` per block) and one block per block of
+    them, is keyed in its parent by its first block, points back at that parent, and ends
+    ``depth_end`` tokens from the root. ``InvariantError`` naming the first broken one.
+    Complexity: O(nodes), plus the events' rehashing.
+    """
+    bb = block_bytes
+    for ns_key, root in roots.items():
+        invariant(
+            isinstance(root, Root) and root.ns_key == ns_key,
+            f"root filed under {ns_key!r} is not that namespace's root",
+        )
+        invariant(
+            root.parent is None and root.key == b"" and root.depth_end == 0,
+            f"root of namespace {root.namespace!r} has a parent, tokens or depth",
+        )
+        invariant(root.entry is None, "a root is in the leaf index")
+        invariant(root.children, f"namespace {root.namespace!r} keeps an empty root")
+        stack: list[Node] = [root]
+        while stack:
+            node = stack.pop()
+            for key, child in node.children.items():
+                invariant(child.parent is node, "child's parent pointer is wrong")
+                invariant(len(child.key) > 0, "empty non-root node")
+                invariant(len(child.key) % bb == 0, "node tokens not block-aligned")
+                invariant(key == child.key[:bb], "child not keyed by its first block")
+                invariant(child.num_blocks * bb == len(child.key), "blocks != tokens / block_size")
+                invariant(
+                    child.depth_end == node.depth_end + len(child.key) // TOKEN_BYTES,
+                    "a node's depth_end is not its parent's plus its own tokens",
+                )
+                events.check(node, child)
+                stack.append(child)
+    return list(iter_nodes(roots.values()))
 
 
 def evictable_blocks(roots: Iterable[Root], refcounts: np.ndarray) -> int:
