@@ -3,8 +3,10 @@
 ``RadixCache`` (token-level radix tree), ``HashBlockCache`` (vLLM-style
 chained block hashes) and ``NullCache`` (caches nothing: the cache-off
 baseline) all satisfy this protocol structurally, so a serving loop, the trace
-replayer or a benchmark can take any one. Below the protocol, the input checks
-and the reference bookkeeping the implementations share.
+replayer or a benchmark can take any one. ``LoadingCache`` is the one capability
+beyond it: a ``load`` that brings back what tiers below the device hold (every
+``RadixCache``). Below the protocols, the input checks and the reference
+bookkeeping the implementations share.
 
 Reference ownership, common to every implementation (docs/design.md):
 

@@ -855,7 +855,7 @@ class RadixCache:
         The head takes the node's place under its parent; the node object
         itself becomes the tail, keeping its children (so they need no
         re-parenting), its depth_end and its leaf-index entry. The events, the
-        order and the host tier split their parts of the node alongside.
+        order and the tiers below (``_on_split``) split their parts of the node alongside.
         """
         bb = self._block_bytes
         cut = k * bb
