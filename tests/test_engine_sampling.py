@@ -11,6 +11,9 @@ argmax of the raw logits; cache on == off); logprobs are the raw model's.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -233,6 +236,35 @@ def test_seeded_requests_repeat_whatever_runs_beside_them(model) -> None:
         assert [c.output_ids for c in together] == alone
 
 
+def test_unseeded_sampled_requests_each_draw_their_own_samples() -> None:
+    """Requests without a seed get each its own generator (the engine's seed and the
+    arrival order): n forks of one prompt, and the same prompt in a later call, sample
+    different outputs; a fresh engine with the same seed repeats them, another seed not.
+
+    Why equal outputs cannot happen by chance: with an untied head of small weights the
+    logits of any context lie in a range ``R`` bounded by the weights (the final RMSNorm's
+    output has norm at most ``max|norm weight| * sqrt(hidden)``), so at temperature 1 no
+    token has probability above ``p = 1 / (1 + (vocab - 1) e^-R)`` (~0.09 here). Two
+    independent 20-token samples are equal with probability at most ``p**20`` (< 1e-20);
+    over the 10 pairs below, < 1e-19.
+    """
+    flat = random_model(dataclasses.replace(CFG, tie_word_embeddings=False), seed=3, std=0.02)
+    head = flat.lm_head.weight.detach().double()
+    scale = flat.norm.weight.detach().double().abs().max().item() * math.sqrt(CFG.hidden_size)
+    spread = 2 * head.norm(dim=1).max().item() * scale
+    p_max = 1 / (1 + (CFG.vocab_size - 1) * math.exp(-spread))
+    assert p_max**20 < 1e-20  # the premise of the argument above
+    params = SamplingParams(20, temperature=1.0)
+    engine, _ = engine_of(flat)
+    forks = [c.output_ids for c in engine.generate([PROMPTS[0]] * 4, params)]
+    [later] = engine.generate([PROMPTS[0]], params)
+    assert len({tuple(o) for o in [*forks, later.output_ids]}) == 5
+    again = engine_of(flat)[0].generate([PROMPTS[0]] * 4, params)
+    assert [c.output_ids for c in again] == forks
+    other = engine_of(flat, seed=1)[0].generate([PROMPTS[0]] * 4, params)
+    assert not {tuple(c.output_ids) for c in other} & {tuple(o) for o in forks}
+
+
 def test_min_tokens_holds_back_the_stop_tokens(model) -> None:
     engine, _ = engine_of(model)
     [free] = engine.generate([PROMPTS[0]], SamplingParams(12))
@@ -241,6 +273,21 @@ def test_min_tokens_holds_back_the_stop_tokens(model) -> None:
     assert short.output_ids == [stop] and short.finish_reason == "stop"
     [held] = engine.generate([PROMPTS[0]], SamplingParams(12, stop_token_ids=(stop,), min_tokens=4))
     assert len(held.output_ids) >= 4 and stop not in held.output_ids[:4]
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1, 3, 4])
+def test_a_stop_token_may_end_the_output_once_min_tokens_exist(model, min_tokens) -> None:
+    """The boundary of ``min_tokens``: a stop token the logits force is masked while fewer
+    than ``min_tokens`` tokens exist and picked as soon as that many do, so the output is
+    ``min_tokens`` other tokens, then the stop token."""
+    stop = 42
+    params = SamplingParams(
+        12, stop_token_ids=(stop,), logit_bias={stop: 100.0}, min_tokens=min_tokens
+    )
+    engine, _ = engine_of(model)
+    [c] = engine.generate([PROMPTS[0]], params)
+    assert c.finish_reason == "stop" and len(c.output_ids) == min_tokens + 1
+    assert c.output_ids[-1] == stop and stop not in c.output_ids[:-1]
 
 
 def test_logit_bias_forces_and_forbids(model) -> None:
@@ -272,6 +319,26 @@ def test_top_logprobs_are_the_raw_distributions_likeliest(model) -> None:
         assert lp == pytest.approx(float(logp[pick]), abs=1e-6)
     [plain] = engine.generate([PROMPTS[2]], SamplingParams(3))
     assert plain.top_logprobs == []
+
+
+def test_top_logprobs_of_a_batch_are_each_requests_own_count(model) -> None:
+    """Requests asking for different ``top_logprobs`` counts share every step's batch; each
+    gets exactly its own count at each position, the same as when it runs alone."""
+    counts = (2, 5, 0)
+    params = [SamplingParams(6, top_logprobs=k) for k in counts]
+    prompts = [list(range(start, start + 9)) for start in (3, 30, 60)]  # no shared prefix
+    alone = [engine_of(model)[0].generate([p], [sp])[0] for p, sp in zip(prompts, params)]
+    engine, rec = engine_of(model)
+    together = engine.generate(prompts, params)
+    ids = [c.request_id for c in together]
+    assert all(sorted(b[0] for b in before if b) == sorted(ids) for _, before, _ in rec.steps)
+    for k, c, a in zip(counts, together, alone, strict=True):
+        assert c.output_ids == a.output_ids
+        assert len(c.top_logprobs) == (6 if k else 0)
+        for top, want in zip(c.top_logprobs, a.top_logprobs, strict=True):
+            assert len(top) == k
+            assert [t for t, _ in top] == [t for t, _ in want]
+            assert [v for _, v in top] == pytest.approx([v for _, v in want], abs=1e-5)
 
 
 def test_prompt_logprobs_score_the_prompt_without_the_cache(model) -> None:

@@ -461,6 +461,31 @@ def test_lpm_admits_a_cold_request_within_lpm_max_wait_steps(bound):
     assert_no_leaks(sched)
 
 
+@pytest.mark.parametrize("bound", [1, 2, 3, 4, 7])
+def test_lpm_promotes_a_starved_request_at_exactly_lpm_max_wait_steps(bound):
+    """The aging boundary, for odd and even bounds: a cold request queued behind a hot
+    request a step (one slot; each hot request finishes in the step that admits it, so the
+    slot is free every step) loses to the hot one in its first ``bound - 1`` schedule calls
+    and is admitted in its ``bound``-th, as lpm_max_wait_steps says."""
+    sched = make_sched("radix", 256, 4, max_num_seqs=1, policy="lpm", lpm_max_wait_steps=bound)
+    d = Driver(sched)
+    hot = np.arange(1, 33)
+    d.run([Request(hot, SamplingParams(max_new_tokens=1))])
+    cold = Request(np.arange(40, 50), SamplingParams(max_new_tokens=1))
+    sched.add_request(cold)
+    ran = []
+    for waited in range(1, bound + 1):
+        sched.add_request(Request(np.concatenate([hot, [waited, 7]]), SamplingParams(1)))
+        out = sched.schedule()
+        ran.append([s.request for s in out.seqs])
+        d.apply(out)
+    assert all(len(r) == 1 and r[0] is not cold for r in ran[:-1])
+    assert ran[-1] == [cold] and cold.output_ids == expected_output(cold.prompt, 1)
+    while sched.has_unfinished():
+        d.step()
+    assert_no_leaks(sched)
+
+
 # ------------------------------------------------------------------ errors
 def test_request_larger_than_the_pool_is_rejected_before_queueing():
     sched = make_sched("radix", 8, 4)
