@@ -93,8 +93,9 @@ def adjusted(row: np.ndarray, params: SamplingParams, out: list[int], prompt: li
     return x - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
 
 
-def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The tokens sampling may pick from adjusted logits ``x``: min_p, top-k, top-p."""
+def truncated(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids by probability, descending (stable), and their probabilities at the
+    temperature after min_p, top-k and top-p (zero where dropped; not renormalised)."""
     z = (x - x.max()) / params.temperature
     p = np.exp(z - np.log(np.exp(z).sum()))
     allowed = p >= params.min_p * p.max()
@@ -105,6 +106,12 @@ def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
         ps[params.top_k :] = 0.0
     before = np.cumsum(ps) - ps
     ps = np.where(before < params.top_p * ps.sum(), ps, 0.0)
+    return order, ps
+
+
+def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The tokens sampling may pick from adjusted logits ``x``: min_p, top-k, top-p."""
+    order, ps = truncated(x, params)
     return order[ps > 0]
 
 
@@ -209,6 +216,41 @@ def test_sampled_tokens_lie_where_the_reference_allows(model, params) -> None:
     for rid in ids:
         for row, out, prompt, pick in rec.rows(rid):
             assert pick in kept(adjusted(row, params, out, prompt), params), (rid, out)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(12, temperature=0.6, seed=21),
+        SamplingParams(12, temperature=1.7, seed=22),
+        SamplingParams(12, temperature=1.5, top_k=3, min_p=0.05, seed=23),
+        SamplingParams(12, temperature=1.2, top_p=0.8, presence_penalty=0.5, seed=24),
+    ],
+    ids=["cold", "hot", "top_k+min_p", "top_p+penalty"],
+)
+def test_sampled_tokens_are_the_inverse_cdf_of_the_requests_own_uniforms(model, params) -> None:
+    """Known answers for sampled rows: each pick is the reference's inverse-CDF pick (the
+    token whose cumulative mass first exceeds ``u`` times the kept mass, over the tokens
+    sorted when the row truncates, by id when not) at the uniform ``u`` the request's own
+    generator (seeded ``params.seed``) draws that step. A temperature, truncation or draw
+    handled wrongly picks another token at some step."""
+    engine, rec = engine_of(model)
+    rid = engine.add_request(PROMPTS[2], params)
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    gen = torch.Generator().manual_seed(params.seed)
+    rows = list(rec.rows(rid))
+    assert len(rows) == 12
+    for row, out, prompt, pick in rows:
+        u = torch.rand((), generator=gen, dtype=torch.float64).item()
+        order, ps = truncated(adjusted(row, params, out, prompt), params)
+        if not params.truncates:  # the sampler sorts only rows that truncate
+            by_id = np.empty_like(ps)
+            by_id[order] = ps
+            order, ps = np.arange(len(ps)), by_id
+        cdf = np.cumsum(ps)
+        k = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(cdf) - 1)
+        assert pick == order[k], (out, u)
 
 
 def test_top_k_samples_more_than_one_token_when_allowed(model) -> None:
@@ -396,6 +438,27 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_queueing(model) -> 
         engine.add_request([1, 2], SamplingParams(logit_bias={96: 1.0}))
     with pytest.raises(ValueError, match="top_logprobs is 97"):
         engine.add_request([1, 2], SamplingParams(top_logprobs=97))
+    assert not engine.scheduler.has_unfinished()
+
+
+def test_the_vocabularys_last_token_is_in_and_the_next_is_out(model) -> None:
+    """The vocabulary bounds of each field, exactly: the last id and the whole vocabulary
+    are taken, one past them refused."""
+    vocab = CFG.vocab_size
+    engine, _ = engine_of(model)
+    last = SamplingParams(2, stop_token_ids=(vocab - 1,), logit_bias={vocab - 1: -1.0})
+    whole = SamplingParams(2, top_logprobs=vocab, prompt_logprobs=vocab)
+    [a, b] = engine.generate([PROMPTS[0], PROMPTS[1]], [last, whole])
+    assert len(a.output_ids) >= 1 and all(len(top) == vocab for top in b.top_logprobs)
+    assert b.prompt_logprobs is not None and len(b.prompt_logprobs.top[0]) == vocab
+    for kw, field in (
+        ({"stop_token_ids": (vocab,)}, "stop_token_ids"),
+        ({"logit_bias": {vocab: 1.0}}, "logit_bias"),
+        ({"top_logprobs": vocab + 1}, "top_logprobs"),
+        ({"prompt_logprobs": vocab + 1}, "prompt_logprobs"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            engine.add_request([1, 2], SamplingParams(**kw))
     assert not engine.scheduler.has_unfinished()
 
 
