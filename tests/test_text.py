@@ -386,46 +386,6 @@ def test_template_chat_turns_extend_each_other_through_the_template() -> None:
         chat.turn_prompts(1, histories[:1])
 
 
-# ------------------------------------------------------------------ old paths
-# The module paths the text tier moved from (radixkv.model.tokenizer, .gguf_file,
-# radixkv.serve.text) are gone; the packages keep exporting what they exported
-# (tests/test_public_api.py lists every package's names).
-@pytest.mark.parametrize(
-    "old, new, names",
-    [
-        (
-            "radixkv.model",
-            "radixkv.text.tokenizer",
-            ["GGUFTokenizer", "load_gguf_tokenizer", "smollm2_gguf_path"],
-        ),
-        ("radixkv.serve", "radixkv.model.loading", ["load_model"]),
-    ],
-)
-def test_moved_names_stay_importable_from_their_packages(old, new, names) -> None:
-    pytest.importorskip("torch")
-    before, after = importlib.import_module(old), importlib.import_module(new)
-    for name in names:
-        assert getattr(before, name) is getattr(after, name), name
-
-
-def test_encode_plain_takes_off_what_the_tokenizer_adds_to_a_text_prompt() -> None:
-    from radixkv.text.tokenizer import ByteTokenizer, encode_plain
-
-    class WithBos(ByteTokenizer):
-        def encode(self, text: str) -> list[int]:
-            return [256, *super().encode(text)]
-
-    class WithEos(ByteTokenizer):
-        def encode(self, text: str) -> list[int]:
-            return [*super().encode(text), 257]
-
-    assert encode_plain(ByteTokenizer(), "ab") == [97, 98]
-    assert encode_plain(WithBos(), "ab") == [97, 98]
-    assert encode_plain(WithBos(), "") == []
-    with pytest.raises(ValueError, match=r"adds \[257\] to a text prompt elsewhere"):
-        encode_plain(WithEos(), "ab")
-
-
 # ------------------------------------------------------------------ stop strings and min_tokens
 def _byte_text(ids: Sequence[int]) -> str:
     return bytes(ids).decode(errors="replace")
@@ -476,3 +436,43 @@ def test_min_tokens_holds_however_many_tokens_a_push_brings() -> None:
             size += 1
         sizes.append(size)
         assert _stream_text(ids, sizes, ["!"], min_tokens=4) == ("ab!cd", True), sizes
+
+
+# ------------------------------------------------------------------ old paths
+# The module paths the text tier moved from (radixkv.model.tokenizer, .gguf_file,
+# radixkv.serve.text) are gone; the packages keep exporting what they exported
+# (tests/test_public_api.py lists every package's names).
+@pytest.mark.parametrize(
+    "old, new, names",
+    [
+        (
+            "radixkv.model",
+            "radixkv.text.tokenizer",
+            ["GGUFTokenizer", "load_gguf_tokenizer", "smollm2_gguf_path"],
+        ),
+        ("radixkv.serve", "radixkv.model.loading", ["load_model"]),
+    ],
+)
+def test_moved_names_stay_importable_from_their_packages(old, new, names) -> None:
+    pytest.importorskip("torch")
+    before, after = importlib.import_module(old), importlib.import_module(new)
+    for name in names:
+        assert getattr(before, name) is getattr(after, name), name
+
+
+def test_encode_plain_takes_off_what_the_tokenizer_adds_to_a_text_prompt() -> None:
+    from radixkv.text.tokenizer import ByteTokenizer, encode_plain
+
+    class WithBos(ByteTokenizer):
+        def encode(self, text: str) -> list[int]:
+            return [256, *super().encode(text)]
+
+    class WithEos(ByteTokenizer):
+        def encode(self, text: str) -> list[int]:
+            return [*super().encode(text), 257]
+
+    assert encode_plain(ByteTokenizer(), "ab") == [97, 98]
+    assert encode_plain(WithBos(), "ab") == [97, 98]
+    assert encode_plain(WithBos(), "") == []
+    with pytest.raises(ValueError, match=r"adds \[257\] to a text prompt elsewhere"):
+        encode_plain(WithEos(), "ab")
