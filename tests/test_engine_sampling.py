@@ -11,6 +11,9 @@ argmax of the raw logits; cache on == off); logprobs are the raw model's.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -90,8 +93,9 @@ def adjusted(row: np.ndarray, params: SamplingParams, out: list[int], prompt: li
     return x - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
 
 
-def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The tokens sampling may pick from adjusted logits ``x``: min_p, top-k, top-p."""
+def truncated(x: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids by probability, descending (stable), and their probabilities at the
+    temperature after min_p, top-k and top-p (zero where dropped; not renormalised)."""
     z = (x - x.max()) / params.temperature
     p = np.exp(z - np.log(np.exp(z).sum()))
     allowed = p >= params.min_p * p.max()
@@ -102,6 +106,12 @@ def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
         ps[params.top_k :] = 0.0
     before = np.cumsum(ps) - ps
     ps = np.where(before < params.top_p * ps.sum(), ps, 0.0)
+    return order, ps
+
+
+def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The tokens sampling may pick from adjusted logits ``x``: min_p, top-k, top-p."""
+    order, ps = truncated(x, params)
     return order[ps > 0]
 
 
@@ -208,6 +218,41 @@ def test_sampled_tokens_lie_where_the_reference_allows(model, params) -> None:
             assert pick in kept(adjusted(row, params, out, prompt), params), (rid, out)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(12, temperature=0.6, seed=21),
+        SamplingParams(12, temperature=1.7, seed=22),
+        SamplingParams(12, temperature=1.5, top_k=3, min_p=0.05, seed=23),
+        SamplingParams(12, temperature=1.2, top_p=0.8, presence_penalty=0.5, seed=24),
+    ],
+    ids=["cold", "hot", "top_k+min_p", "top_p+penalty"],
+)
+def test_sampled_tokens_are_the_inverse_cdf_of_the_requests_own_uniforms(model, params) -> None:
+    """Known answers for sampled rows: each pick is the reference's inverse-CDF pick (the
+    token whose cumulative mass first exceeds ``u`` times the kept mass, over the tokens
+    sorted when the row truncates, by id when not) at the uniform ``u`` the request's own
+    generator (seeded ``params.seed``) draws that step. A temperature, truncation or draw
+    handled wrongly picks another token at some step."""
+    engine, rec = engine_of(model)
+    rid = engine.add_request(PROMPTS[2], params)
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    gen = torch.Generator().manual_seed(params.seed)
+    rows = list(rec.rows(rid))
+    assert len(rows) == 12
+    for row, out, prompt, pick in rows:
+        u = torch.rand((), generator=gen, dtype=torch.float64).item()
+        order, ps = truncated(adjusted(row, params, out, prompt), params)
+        if not params.truncates:  # the sampler sorts only rows that truncate
+            by_id = np.empty_like(ps)
+            by_id[order] = ps
+            order, ps = np.arange(len(ps)), by_id
+        cdf = np.cumsum(ps)
+        k = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(cdf) - 1)
+        assert pick == order[k], (out, u)
+
+
 def test_top_k_samples_more_than_one_token_when_allowed(model) -> None:
     """top_k = 3 at a high temperature is not silently greedy: over seeds, several texts."""
     engine, _ = engine_of(model)
@@ -233,6 +278,35 @@ def test_seeded_requests_repeat_whatever_runs_beside_them(model) -> None:
         assert [c.output_ids for c in together] == alone
 
 
+def test_unseeded_sampled_requests_each_draw_their_own_samples() -> None:
+    """Requests without a seed get each its own generator (the engine's seed and the
+    arrival order): n forks of one prompt, and the same prompt in a later call, sample
+    different outputs; a fresh engine with the same seed repeats them, another seed not.
+
+    Why equal outputs cannot happen by chance: with an untied head of small weights the
+    logits of any context lie in a range ``R`` bounded by the weights (the final RMSNorm's
+    output has norm at most ``max|norm weight| * sqrt(hidden)``), so at temperature 1 no
+    token has probability above ``p = 1 / (1 + (vocab - 1) e^-R)`` (~0.09 here). Two
+    independent 20-token samples are equal with probability at most ``p**20`` (< 1e-20);
+    over the 10 pairs below, < 1e-19.
+    """
+    flat = random_model(dataclasses.replace(CFG, tie_word_embeddings=False), seed=3, std=0.02)
+    head = flat.lm_head.weight.detach().double()
+    scale = flat.norm.weight.detach().double().abs().max().item() * math.sqrt(CFG.hidden_size)
+    spread = 2 * head.norm(dim=1).max().item() * scale
+    p_max = 1 / (1 + (CFG.vocab_size - 1) * math.exp(-spread))
+    assert p_max**20 < 1e-20  # the premise of the argument above
+    params = SamplingParams(20, temperature=1.0)
+    engine, _ = engine_of(flat)
+    forks = [c.output_ids for c in engine.generate([PROMPTS[0]] * 4, params)]
+    [later] = engine.generate([PROMPTS[0]], params)
+    assert len({tuple(o) for o in [*forks, later.output_ids]}) == 5
+    again = engine_of(flat)[0].generate([PROMPTS[0]] * 4, params)
+    assert [c.output_ids for c in again] == forks
+    other = engine_of(flat, seed=1)[0].generate([PROMPTS[0]] * 4, params)
+    assert not {tuple(c.output_ids) for c in other} & {tuple(o) for o in forks}
+
+
 def test_min_tokens_holds_back_the_stop_tokens(model) -> None:
     engine, _ = engine_of(model)
     [free] = engine.generate([PROMPTS[0]], SamplingParams(12))
@@ -241,6 +315,21 @@ def test_min_tokens_holds_back_the_stop_tokens(model) -> None:
     assert short.output_ids == [stop] and short.finish_reason == "stop"
     [held] = engine.generate([PROMPTS[0]], SamplingParams(12, stop_token_ids=(stop,), min_tokens=4))
     assert len(held.output_ids) >= 4 and stop not in held.output_ids[:4]
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1, 3, 4])
+def test_a_stop_token_may_end_the_output_once_min_tokens_exist(model, min_tokens) -> None:
+    """The boundary of ``min_tokens``: a stop token the logits force is masked while fewer
+    than ``min_tokens`` tokens exist and picked as soon as that many do, so the output is
+    ``min_tokens`` other tokens, then the stop token."""
+    stop = 42
+    params = SamplingParams(
+        12, stop_token_ids=(stop,), logit_bias={stop: 100.0}, min_tokens=min_tokens
+    )
+    engine, _ = engine_of(model)
+    [c] = engine.generate([PROMPTS[0]], params)
+    assert c.finish_reason == "stop" and len(c.output_ids) == min_tokens + 1
+    assert c.output_ids[-1] == stop and stop not in c.output_ids[:-1]
 
 
 def test_logit_bias_forces_and_forbids(model) -> None:
@@ -272,6 +361,26 @@ def test_top_logprobs_are_the_raw_distributions_likeliest(model) -> None:
         assert lp == pytest.approx(float(logp[pick]), abs=1e-6)
     [plain] = engine.generate([PROMPTS[2]], SamplingParams(3))
     assert plain.top_logprobs == []
+
+
+def test_top_logprobs_of_a_batch_are_each_requests_own_count(model) -> None:
+    """Requests asking for different ``top_logprobs`` counts share every step's batch; each
+    gets exactly its own count at each position, the same as when it runs alone."""
+    counts = (2, 5, 0)
+    params = [SamplingParams(6, top_logprobs=k) for k in counts]
+    prompts = [list(range(start, start + 9)) for start in (3, 30, 60)]  # no shared prefix
+    alone = [engine_of(model)[0].generate([p], [sp])[0] for p, sp in zip(prompts, params)]
+    engine, rec = engine_of(model)
+    together = engine.generate(prompts, params)
+    ids = [c.request_id for c in together]
+    assert all(sorted(b[0] for b in before if b) == sorted(ids) for _, before, _ in rec.steps)
+    for k, c, a in zip(counts, together, alone, strict=True):
+        assert c.output_ids == a.output_ids
+        assert len(c.top_logprobs) == (6 if k else 0)
+        for top, want in zip(c.top_logprobs, a.top_logprobs, strict=True):
+            assert len(top) == k
+            assert [t for t, _ in top] == [t for t, _ in want]
+            assert [v for _, v in top] == pytest.approx([v for _, v in want], abs=1e-5)
 
 
 def test_prompt_logprobs_score_the_prompt_without_the_cache(model) -> None:
@@ -329,6 +438,27 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_queueing(model) -> 
         engine.add_request([1, 2], SamplingParams(logit_bias={96: 1.0}))
     with pytest.raises(ValueError, match="top_logprobs is 97"):
         engine.add_request([1, 2], SamplingParams(top_logprobs=97))
+    assert not engine.scheduler.has_unfinished()
+
+
+def test_the_vocabularys_last_token_is_in_and_the_next_is_out(model) -> None:
+    """The vocabulary bounds of each field, exactly: the last id and the whole vocabulary
+    are taken, one past them refused."""
+    vocab = CFG.vocab_size
+    engine, _ = engine_of(model)
+    last = SamplingParams(2, stop_token_ids=(vocab - 1,), logit_bias={vocab - 1: -1.0})
+    whole = SamplingParams(2, top_logprobs=vocab, prompt_logprobs=vocab)
+    [a, b] = engine.generate([PROMPTS[0], PROMPTS[1]], [last, whole])
+    assert len(a.output_ids) >= 1 and all(len(top) == vocab for top in b.top_logprobs)
+    assert b.prompt_logprobs is not None and len(b.prompt_logprobs.top[0]) == vocab
+    for kw, field in (
+        ({"stop_token_ids": (vocab,)}, "stop_token_ids"),
+        ({"logit_bias": {vocab: 1.0}}, "logit_bias"),
+        ({"top_logprobs": vocab + 1}, "top_logprobs"),
+        ({"prompt_logprobs": vocab + 1}, "prompt_logprobs"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            engine.add_request([1, 2], SamplingParams(**kw))
     assert not engine.scheduler.has_unfinished()
 
 
