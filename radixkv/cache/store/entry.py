@@ -29,7 +29,15 @@ import xxhash
 
 from radixkv.cache.store.keys import KEY_BYTES
 
-__all__ = ["HEADER_BYTES", "MAGIC", "VERSION", "decode", "encode", "encode_header"]
+__all__ = [
+    "HEADER_BYTES",
+    "MAGIC",
+    "VERSION",
+    "decode",
+    "decode_parts",
+    "encode",
+    "encode_header",
+]
 
 MAGIC = b"RKVB"
 VERSION = 1
@@ -60,21 +68,29 @@ def encode(key: bytes, payload: Buffer) -> bytes:
 
 def decode(key: bytes, data: Buffer) -> bytes | None:
     """The payload of ``data`` if it is a sound entry for ``key``, else None; never raises
-    for any ``data``. Complexity: O(len(data)).
+    for any bytes-like ``data``. Complexity: O(len(data)).
 
     >>> key = bytes(range(32))
     >>> decode(key, encode(key, b"kv")), decode(bytes(32), encode(key, b"kv"))
     (b'kv', None)
     """
     view = memoryview(data).cast("B")
-    if view.nbytes < HEADER_BYTES:
+    return decode_parts(key, view[:HEADER_BYTES].tobytes(), view[HEADER_BYTES:])
+
+
+def decode_parts(key: bytes, header: bytes, payload: Buffer) -> bytes | None:
+    """:func:`decode` of an entry read as its first :data:`HEADER_BYTES` bytes and the rest;
+    ``payload`` itself is returned when it is ``bytes`` (no copy). Never raises for any
+    bytes-like arguments. Complexity: O(len(payload)).
+    """
+    if len(header) != HEADER_BYTES:
         return None
-    head = view[: _HEAD.size]
+    head = header[: _HEAD.size]
     magic, version, echo, length = _HEAD.unpack(head)
-    if magic != MAGIC or version != VERSION or echo != key or length != view.nbytes - HEADER_BYTES:
+    size = memoryview(payload).nbytes
+    if magic != MAGIC or version != VERSION or echo != key or length != size:
         return None
     # the pad bytes are covered by the checksum: a flipped zero byte fails it
-    payload = view[HEADER_BYTES:]
-    if _checksum(bytes(head), payload) != view[_HEAD.size : HEADER_BYTES]:
+    if _checksum(head, payload) != header[_HEAD.size :]:
         return None
-    return payload.tobytes()
+    return payload if type(payload) is bytes else memoryview(payload).tobytes()

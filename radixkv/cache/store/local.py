@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from radixkv.cache.store.entry import HEADER_BYTES, decode, encode_header
+from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header
 from radixkv.cache.store.keys import KEY_BYTES, check_items, check_keys
 from radixkv.cache.store.lru import LruIndex
 from radixkv.cache.store.protocol import StoreStats
@@ -137,15 +137,17 @@ class LocalDiskStore:
             path = self._file(key)
             value = None
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
+                with open(path, "rb", buffering=0) as f:  # two reads, no buffer to copy out of
+                    header = f.read(HEADER_BYTES)
+                    payload = f.readall()
             except FileNotFoundError:
                 index.remove(key)  # another process deleted it
                 stats.misses += 1
             except OSError as exc:
                 self._fault("get", exc)
             else:
-                value = decode(key, data)
+                value = decode_parts(key, header, payload)
+                size = len(header) + len(payload)
                 if value is None:
                     stats.corrupt += 1
                     index.remove(key)
@@ -154,8 +156,8 @@ class LocalDiskStore:
                     stats.hits += 1
                     stats.hit_bytes += len(value)
                     if not index.touch(key):
-                        self._drop(index.make_room(len(data)))
-                        index.add(key, len(data))
+                        self._drop(index.make_room(size))
+                        index.add(key, size)
                     self._stamp(path)
             out.append(value)
         return out

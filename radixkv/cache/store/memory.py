@@ -1,8 +1,9 @@
 """MemoryStore: a KVStore in this process's memory (tests, and a stand-in for a remote store).
 
-Entries are kept encoded (:mod:`radixkv.cache.store.entry`) and decoded on every
-get, as a remote store's answers are: the same checks stand between any
-backend and the cache.
+Entries are kept encoded (:mod:`radixkv.cache.store.entry`: a header, then the
+payload, kept apart so a hit copies nothing) and checked on every get, as a
+remote store's answers are: the same checks stand between any backend and the
+cache.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from radixkv.cache.store.entry import HEADER_BYTES, decode, encode
+from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header
 from radixkv.cache.store.keys import check_items, check_keys
 from radixkv.cache.store.lru import LruIndex
 from radixkv.cache.store.protocol import StoreStats
@@ -34,7 +35,7 @@ class MemoryStore:
 
     def __init__(self, capacity_bytes: int) -> None:
         self._index = LruIndex(capacity_bytes)
-        self._data: dict[bytes, bytes] = {}
+        self._data: dict[bytes, tuple[bytes, bytes]] = {}  # key -> (header, payload)
         self._stats = StoreStats()
 
     @property
@@ -65,7 +66,8 @@ class MemoryStore:
                 stats.rejected += 1
                 continue
             self._drop(index.make_room(size))
-            self._data[key] = encode(key, value)
+            payload = value.tobytes()
+            self._data[key] = (encode_header(key, payload), payload)
             index.add(key, size)
             stats.puts += 1
             stats.put_bytes += size
@@ -79,7 +81,7 @@ class MemoryStore:
         for key in keys:
             stats.gets += 1
             entry = self._data.get(key)
-            value = None if entry is None else decode(key, entry)
+            value = None if entry is None else decode_parts(key, *entry)
             if entry is None:
                 stats.misses += 1
             elif value is None:
