@@ -360,6 +360,17 @@ def test_an_entry_another_process_deleted_is_a_miss_and_is_written_again(tmp_pat
     store.check()
 
 
+def test_a_block_another_process_wrote_is_adopted_within_the_capacity(tmp_path: Path) -> None:
+    small = LocalDiskStore(tmp_path, 2 * (HEADER + 100))
+    big = LocalDiskStore(tmp_path, 1 << 20)
+    big.put_many([(key_of(i), value_of(i)) for i in range(3)] + [(key_of(3), value_of(3, 500))])
+    assert small.contains_run([key_of(0), key_of(1), key_of(2)]) == 3  # adopted, oldest out
+    assert small.get_many([key_of(3)]) == [value_of(3, 500)]  # served, but too big to index
+    s = small.stats
+    assert (s.num_entries, s.used_bytes, s.evicted) == (2, 2 * (HEADER + 100), 1)
+    small.check()
+
+
 def test_a_failing_disk_never_raises_it_counts_and_logs(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -155,8 +155,8 @@ class LocalDiskStore:
                 else:
                     stats.hits += 1
                     stats.hit_bytes += len(value)
-                    if not index.touch(key):
-                        self._drop(index.make_room(size))
+                    if not index.touch(key) and size <= index.capacity_bytes:
+                        self._drop(index.make_room(size))  # another process wrote it
                         index.add(key, size)
                     self._stamp(path)
             out.append(value)
