@@ -1,6 +1,7 @@
 """Request: one generation request's tokens, progress and timing, as the scheduler sees them.
 
-Plain ints and numpy only: no tensor lives here. A request's token buffer is
+Plain ints and numpy only: this module makes no tensor (the scorer's and the sampler's
+per-request state, which may hold some, is opaque here). A request's token buffer is
 ``prompt + output``; ``num_computed_tokens`` of them have K/V in the pool (in the
 blocks the :class:`~radixkv.cache.manager.KVCacheManager` holds for it), and the
 scheduler's job is to bring ``num_computed_tokens`` up to ``num_tokens`` (prefill
@@ -146,14 +147,17 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """``ValueError`` naming the field if a token id here is outside ``[0, vocab_size)``,
-        or ``top_logprobs`` / ``prompt_logprobs`` ask for more tokens than there are."""
-        bad = [t for t in self.stop_token_ids if t >= vocab_size]
-        if bad:
+        or ``top_logprobs`` / ``prompt_logprobs`` ask for more tokens than there are.
+        Complexity: O(len(stop_token_ids)) and O(1) for ``logit_bias`` (its ids are sorted),
+        in C."""
+        if max(self.stop_token_ids, default=-1) >= vocab_size:
+            bad = [t for t in self.stop_token_ids if t >= vocab_size]
             raise ValueError(
                 f"stop_token_ids {bad} are outside the model's vocabulary (vocab_size {vocab_size})"
             )
-        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
-        if bad:
+        ids, _ = self.logit_bias_arrays
+        if len(ids) and ids[-1] >= vocab_size:
+            bad = ids[ids >= vocab_size].tolist()
             raise ValueError(
                 f"logit_bias token ids {bad} are outside the model's vocabulary "
                 f"(vocab_size {vocab_size})"
