@@ -63,12 +63,13 @@ class SamplingParams:
       scores the cache keeps for its blocks (``radixkv.engine.prompt_scores``). Logprobs are those
       of the model's own distribution, before any of the adjustments above.
 
-    Every float here (the bias values too) must be one a float32 tensor holds as it is:
-    0, or a magnitude in [1.18e-38, 3.40e38] (``radixkv.checks.FLOAT32_TINY`` /
-    ``FLOAT32_MAX``). The sampler's tensors are float32 on the device, where a smaller
-    magnitude is subnormal or 0 (a repetition penalty of 1e-300 divided by 0) and a larger
-    one infinity. ``logit_bias`` and ``stop_token_ids`` are checked once: a copy made with
-    ``dataclasses.replace`` (a fork's seed) keeps them unchecked, in O(1).
+    The penalties and the ``logit_bias`` values adjust the float32 logits: each must be one
+    float32 holds as it is, 0 or a magnitude in [1.18e-38, 3.40e38]
+    (``radixkv.checks.FLOAT32_TINY`` / ``FLOAT32_MAX``); a smaller magnitude is subnormal or
+    0 there (a repetition penalty of 1e-300 divided by 0) and a larger one infinity. The
+    temperature, ``top_p`` and ``min_p`` act in float64, which holds any finite value (a
+    temperature of 5e-324 is greedy). ``logit_bias`` and ``stop_token_ids`` are checked
+    once: a copy made with ``dataclasses.replace`` (a fork's seed) keeps them, in O(1).
     """
 
     max_new_tokens: int = 16
@@ -89,8 +90,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # The checks only refuse: a field keeps the value given (token ids excepted).
         check_int("max_new_tokens", self.max_new_tokens, low=1)
-        check_number("temperature", self.temperature, low=0, float32=True)
-        check_number("top_p", self.top_p, float32=True)
+        check_number("temperature", self.temperature, low=0)
+        check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         check_int("seed", self.seed, low=SEED_MIN, high=SEED_MAX, optional=True)
@@ -98,7 +99,7 @@ class SamplingParams:
         # looked up once per generated token: a set, whatever the list's length
         object.__setattr__(self, "_stop_set", frozenset(self.stop_token_ids))
         check_int("top_k", self.top_k, low=0)
-        check_number("min_p", self.min_p, float32=True)
+        check_number("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
         rep = self.repetition_penalty
