@@ -107,7 +107,7 @@ def _adjust(scores: torch.Tensor, reqs: Sequence[Request], rows: Sequence[int]) 
     # logit_bias, added
     biased = [(k, s) for k, s in zip(rows, states, strict=True) if s.bias_ids is not None]
     if biased:
-        where = _rows_and_columns(biased, [s.bias_ids for _, s in biased])
+        where = _rows_and_columns([k for k, _ in biased], [s.bias_ids for _, s in biased])
         values = torch.cat([s.bias_values for _, s in biased])
         scores.index_put_(where, values, accumulate=True)
     # min_tokens: no stop token until enough tokens exist
@@ -117,24 +117,25 @@ def _adjust(scores: torch.Tensor, reqs: Sequence[Request], rows: Sequence[int]) 
         if s.stop_ids is not None and r.num_output_tokens < r.params.min_tokens
     ]
     if held:
-        scores[_rows_and_columns(held, [s.stop_ids for _, s in held])] = -torch.inf
+        scores[_rows_and_columns([k for k, _ in held], [s.stop_ids for _, s in held])] = -torch.inf
     # penalties, over each row's output (and, for repetition, its prompt), in float64
     pen = [(r, k, s) for r, k, s in zip(reqs, rows, states, strict=True) if r.params.penalises]
     if pen:
         index = torch.tensor([k for _, k, _ in pen], device=device)
-        counts = _token_counts([r.tokens[r.prompt_len :] for r, _, _ in pen], vocab, device)
-        counts = counts.double()
+        f64 = torch.float64
+        outputs = [r.tokens[r.prompt_len :] for r, _, _ in pen]
+        counts = _token_counts(outputs, vocab, device).double()
         seen = counts > 0
         x = scores[index].double()
         params = [r.params for r, _, _ in pen]
         if any(p.repetition_penalty != 1.0 for p in params):
-            rep = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
-            rep = rep.double()
+            rep = torch.tensor([p.repetition_penalty for p in params], dtype=f64, device=device)
+            rep = rep[:, None]
             none = torch.zeros(vocab, dtype=torch.bool, device=device)
             in_prompt = torch.stack([none if s.in_prompt is None else s.in_prompt for *_, s in pen])
             x = torch.where(seen | in_prompt, torch.where(x > 0, x / rep, x * rep), x)
-        freq = torch.tensor([p.frequency_penalty for p in params], device=device).double()
-        pres = torch.tensor([p.presence_penalty for p in params], device=device).double()
+        freq = torch.tensor([p.frequency_penalty for p in params], dtype=f64, device=device)
+        pres = torch.tensor([p.presence_penalty for p in params], dtype=f64, device=device)
         x = x - freq[:, None] * counts - pres[:, None] * seen
         scores[index] = x.clamp(max=FLOAT32_MAX).to(scores.dtype)
     scores.clamp_(max=FLOAT32_MAX)  # a bias past float32's largest
@@ -172,14 +173,14 @@ def _state_of(req: Request, vocab: int, device: torch.device) -> _RowState:
 
 
 def _rows_and_columns(
-    rows: Sequence[tuple[int, _RowState]], columns: Sequence[torch.Tensor]
+    rows: Sequence[int], columns: Sequence[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``(row, column)`` index of every entry of ``columns`` (one tensor per row of
-    ``rows``), built on the device: host work O(len(rows))."""
+    """The ``(row, column)`` index of every entry of ``columns`` (one tensor of column ids per
+    row of ``rows``), built on the device: host work O(len(rows))."""
     device = columns[0].device
     sizes = [len(c) for c in columns]
     repeats = torch.tensor(sizes, device=device)
-    row_ids = torch.tensor([k for k, _ in rows], device=device)
+    row_ids = torch.tensor(rows, device=device)
     return row_ids.repeat_interleave(repeats, output_size=sum(sizes)), torch.cat(columns)
 
 
