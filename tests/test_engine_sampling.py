@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -121,7 +122,10 @@ def kept(x: np.ndarray, params: SamplingParams) -> np.ndarray:
     rep=st.sampled_from([1.0, 0.5, 1.3, 2.0]),
     freq=st.sampled_from([0.0, 0.7, -0.5, 2.0]),
     pres=st.sampled_from([0.0, 1.0, -1.5]),
-    bias=st.lists(st.tuples(st.integers(0, 95), st.floats(-100, 100)), max_size=4),
+    bias=st.lists(
+        st.tuples(st.integers(0, 95), st.floats(-100, 100, width=32, allow_subnormal=False)),
+        max_size=4,
+    ),
     min_tokens=st.integers(0, 6),
 )
 def test_greedy_adjustments_equal_the_reference_on_the_same_logits(
@@ -342,6 +346,67 @@ def test_logit_bias_forces_and_forbids(model) -> None:
     assert not set(other.output_ids) & set(free.output_ids)
 
 
+class Unreadable(tuple):
+    """A tuple that may be counted but not read: a step that iterates it fails."""
+
+    def __iter__(self):
+        raise AssertionError("a step iterated a per-request list")
+
+    def __getitem__(self, item):
+        raise AssertionError("a step indexed a per-request list")
+
+
+def test_a_steps_host_work_does_not_read_the_bias_or_stop_lists() -> None:
+    """The issue's example: a full-vocabulary logit_bias (and, smaller, stop_token_ids under
+    min_tokens) was turned from Python pairs into tensors at every step, for every fork:
+    seconds per step with n 16. Now each request's tensors are built the first time it
+    samples and kept on it; later steps index them and never read the lists again."""
+    vocab = CFG.vocab_size
+    bias = {t: float(t % 7) - 3.0 for t in range(vocab)}
+    stops = tuple(range(0, vocab, 3))
+    params = SamplingParams(
+        8, temperature=1.0, logit_bias=bias, min_tokens=6, stop_token_ids=stops,
+        repetition_penalty=1.2,
+    )  # fmt: skip
+    reqs = [Request(PROMPTS[0], params) for _ in range(3)]
+    generators = {r.request_id: torch.Generator().manual_seed(r.request_id) for r in reqs}
+    logits = torch.randn(len(reqs), vocab)
+    sampler = Sampler()
+    for r, t in zip(reqs, sampler.sample(logits, reqs, generators), strict=True):
+        r.append_token(t)
+    for r in reqs:
+        state = r.sampler_state
+        assert state is not None
+        assert state.bias_ids.tolist() == list(bias) and len(state.bias_values) == vocab
+        assert state.stop_ids.tolist() == list(params.stop_token_ids)
+        assert state.in_prompt.nonzero()[:, 0].tolist() == sorted(set(PROMPTS[0]))
+    object.__setattr__(params, "logit_bias", Unreadable(params.logit_bias))
+    object.__setattr__(params, "stop_token_ids", Unreadable(params.stop_token_ids))
+    for _ in range(4):
+        picks = sampler.sample(logits, reqs, generators)
+        for r, t in zip(reqs, picks, strict=True):
+            assert t % 3 != 0  # min_tokens holds back the stop ids
+            r.append_token(t)
+
+
+def test_a_forks_copy_keeps_the_checked_lists() -> None:
+    """A fork is ``dataclasses.replace(params, seed=...)``: it shares the checked bias and
+    stop ids (and the bias's arrays) instead of checking them again, O(entries) per fork."""
+    params = SamplingParams(logit_bias={5: 1.0, 2: -1.0}, stop_token_ids=[4, 1])
+    fork = dataclasses.replace(params, seed=7)
+    assert fork.logit_bias is params.logit_bias and fork.stop_token_ids is params.stop_token_ids
+    assert fork.logit_bias == ((2, -1.0), (5, 1.0)) and fork.stop_token_ids == (4, 1)
+    ids, values = fork.logit_bias_arrays
+    assert ids.tolist() == [2, 5] and values.tolist() == [-1.0, 1.0]
+    assert ids.dtype == np.int64 and values.dtype == np.float32 and not ids.flags.writeable
+    # a plain tuple given anew is checked as ever
+    with pytest.raises(ValueError, match=r"stop_token_ids\[0\] must be a non-negative int"):
+        dataclasses.replace(params, stop_token_ids=(-1,))
+    with pytest.raises(ValueError, match="logit_bias token id must be a non-negative int"):
+        dataclasses.replace(params, logit_bias=((-1, 1.0),))
+    assert pickle.loads(pickle.dumps(fork)) == fork
+
+
 # ------------------------------------------------------------ logprobs
 def test_top_logprobs_are_the_raw_distributions_likeliest(model) -> None:
     engine, rec = engine_of(model)
@@ -411,16 +476,23 @@ def test_score_prompt_refuses_a_prompt_too_long_to_score_at_once(model, monkeypa
 
 
 # ------------------------------------------------------------ checks
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+F32 = r" that float32 holds \(0 or a magnitude in \[1.18e-38, 3.4e\+38\]\)"
+FINITE_F32 = f"a finite number{F32}"
+POSITIVE_F32 = r"a positive number that float32 holds \(a magnitude in \[1.18e-38, 3.4e\+38\]\)"
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
         ({"top_k": -1}, "top_k must be a non-negative int, got -1"),
         ({"min_p": 1.5}, r"min_p must be a number in \[0, 1\], got 1.5"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be a positive number, got 0.0"),
-        ({"presence_penalty": float("nan")}, "presence_penalty must be a finite number, got nan"),
-        ({"frequency_penalty": "x"}, "frequency_penalty must be a finite number, got 'x'"),
+        ({"repetition_penalty": 0.0}, f"repetition_penalty must be {POSITIVE_F32}, got 0.0"),
+        ({"presence_penalty": float("nan")}, f"presence_penalty must be {FINITE_F32}, got nan"),
+        ({"frequency_penalty": "x"}, f"frequency_penalty must be {FINITE_F32}, got 'x'"),
         ({"logit_bias": {-1: 1.0}}, "logit_bias token id must be a non-negative int, got -1"),
-        ({"logit_bias": [(1, float("inf"))]}, r"logit_bias\[1\] must be a finite number, got inf"),
+        ({"logit_bias": [(1, float("inf"))]}, rf"logit_bias\[1\] must be {FINITE_F32}, got inf"),
         ({"logit_bias": "ab"}, "logit_bias must hold"),
         ({"min_tokens": 20}, r"min_tokens must be an int in \[0, 16\], got 20"),
         ({"top_logprobs": -1}, "top_logprobs must be a non-negative int, got -1"),
@@ -430,6 +502,53 @@ def test_score_prompt_refuses_a_prompt_too_long_to_score_at_once(model, monkeypa
 def test_bad_sampling_params_name_the_field(kw, message) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"repetition_penalty": 1e-40}, f"repetition_penalty must be {POSITIVE_F32}, got 1e-40"),
+        ({"repetition_penalty": 1e-300}, f"repetition_penalty must be {POSITIVE_F32}, got 1e-300"),
+        ({"repetition_penalty": 1e39}, f"repetition_penalty must be {POSITIVE_F32}, got 1e\\+39"),
+        ({"presence_penalty": -1e39}, f"presence_penalty must be {FINITE_F32}, got -1e\\+39"),
+        ({"frequency_penalty": 1e-40}, f"frequency_penalty must be {FINITE_F32}, got 1e-40"),
+        ({"logit_bias": {3: -1e-45}}, rf"logit_bias\[3\] must be {FINITE_F32}, got -1e-45"),
+        ({"logit_bias": {3: 4e38}}, rf"logit_bias\[3\] must be {FINITE_F32}, got 4e\+38"),
+    ],
+)
+def test_floats_the_devices_float32_cannot_hold_are_refused(kw, message) -> None:
+    """The issue's example: a repetition penalty of 1e-40 or 1e-300 was accepted, became 0
+    in the sampler's float32 tensor, and a sampled request returned an arbitrary token.
+    The penalties and bias values, which adjust the float32 logits, are refused below
+    float32's smallest normal magnitude (subnormal or 0 there) or above its largest
+    (infinity), naming the field; 0 and the range's ends pass. The temperature, top_p and
+    min_p act in float64 and take any finite value."""
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kw)
+    edge = SamplingParams(
+        repetition_penalty=FLOAT32_TINY,
+        presence_penalty=-FLOAT32_MAX,
+        frequency_penalty=0.0,
+        logit_bias={3: FLOAT32_TINY, 4: 0.0},
+    )
+    assert edge.repetition_penalty == FLOAT32_TINY
+    SamplingParams(temperature=5e-324, top_p=1e-300, min_p=1e-300)
+
+
+def test_a_logit_pushed_past_float32_is_held_at_its_largest(model) -> None:
+    """A repetition penalty float32 holds (1e-37) still divides a logit past float32's
+    largest: the infinity made the sampled row's probabilities NaN and the pick an
+    arbitrary token (the vocabulary's last). Held at float32's largest, the prompt's
+    tokens are what sampling picks from."""
+    logits = torch.full((1, CFG.vocab_size), -5.0)
+    logits[0, 7] = 40.0
+    logits[0, 9] = 1.0
+    prompt = [7, 8, 9]
+    for seed in range(4):
+        req = Request(prompt, SamplingParams(4, temperature=1.0, repetition_penalty=1e-37))
+        generators = {req.request_id: torch.Generator().manual_seed(seed)}
+        [pick] = Sampler().sample(logits, [req], generators)
+        assert pick in (7, 9)
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_before_queueing(model) -> None:

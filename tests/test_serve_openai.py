@@ -474,6 +474,62 @@ def test_prompt_logprobs_in_vllms_shape(model, server) -> None:
         assert ranks[: len(entry) - 1] == list(range(1, len(entry)))[: len(ranks)]
 
 
+def check_prompt_logprobs(model, prompt: list[int], entries: list) -> None:
+    """``entries`` are vLLM's ``prompt_logprobs`` of ``prompt``: the model's own."""
+    assert entries[0] is None and len(entries) == len(prompt)
+    dense = dense_logprobs(model, prompt)
+    for j in range(1, len(prompt)):
+        actual = entries[j][str(prompt[j])]
+        assert actual["logprob"] == pytest.approx(float(dense[j - 1, prompt[j]]), abs=1e-4)
+        assert actual["rank"] == 1 + int((dense[j - 1] > dense[j - 1, prompt[j]]).sum())
+
+
+def test_chat_prompt_logprobs_come_beside_usage_as_vllm_puts_them(model, served) -> None:
+    """The issue's example: chat with prompt_logprobs answered 200 without them. They are
+    the response's (vLLM's place: every choice has the same prompt), and a 400 naming them
+    with stream (vLLM's rule: a chat chunk has no place for them)."""
+    server, ae = served
+    body = {"messages": CHAT, "max_tokens": 2, "prompt_logprobs": 2, "n": 2}
+    reply = ok(server, "/v1/chat/completions", body)
+    prompt = TOK.apply_chat_template(CHAT)
+    assert reply["usage"]["prompt_tokens"] == len(prompt)
+    check_prompt_logprobs(model, prompt, reply["prompt_logprobs"])
+    assert all(len(e) <= 3 for e in reply["prompt_logprobs"][1:])  # 2 likeliest + the token
+    assert all("prompt_logprobs" not in c for c in reply["choices"])
+    assert "prompt_logprobs" not in ok(server, "/v1/chat/completions", {**body, "n": 1,
+                                                                      "prompt_logprobs": None})
+    wait_idle(ae)
+    before = ae.metrics().requests_finished
+    message = error(server, "/v1/chat/completions", {**body, "stream": True}, "prompt_logprobs")
+    assert message.startswith("prompt_logprobs are not available with stream: true in chat")
+    wait_idle(ae)
+    assert ae.metrics().requests_finished == before
+
+
+def test_truncate_prompt_tokens_keeps_the_last_k_and_refuses_0(model, served) -> None:
+    """The issue's example: ``truncate_prompt_tokens: 0`` kept the whole prompt (``ids[-0:]``).
+    k >= 1 keeps the last k tokens and -1 as many as the model takes, as in vLLM; 0 is a
+    400 naming the field (vLLM's SamplingParams refuses it too)."""
+    server, ae = served
+    prompt = list(range(10, 30))
+    body = {"prompt": prompt, "max_tokens": 3, "temperature": 0, "return_token_ids": True}
+    for k, kept in ((5, prompt[-5:]), (1, prompt[-1:]), (-1, prompt), (100, prompt)):
+        reply = ok(server, "/v1/completions", {**body, "truncate_prompt_tokens": k})
+        assert reply["usage"]["prompt_tokens"] == len(kept), k
+        assert reply["choices"][0]["token_ids"] == reference(model, kept, 3), k
+    wait_idle(ae)
+    before = ae.metrics().requests_finished
+    for path, base in (("/v1/completions", body), ("/v1/chat/completions", {"messages": CHAT})):
+        field = "truncate_prompt_tokens"
+        message = error(server, path, {**base, field: 0}, field)
+        assert message == (
+            "truncate_prompt_tokens: must be -1 (as many tokens as the model takes) or at "
+            "least 1 (keep the prompt's last k tokens), got 0"
+        )
+    wait_idle(ae)
+    assert ae.metrics().requests_finished == before
+
+
 def test_return_tokens_as_token_ids(server) -> None:
     body = {"prompt": "ids", "max_tokens": 3, "logprobs": 1, "return_tokens_as_token_ids": True,
             "return_token_ids": True, "ignore_eos": True}  # fmt: skip
@@ -546,6 +602,29 @@ def test_chat_template_kwargs_reach_the_template(templated) -> None:
     # a variable the template does not read changes nothing, as in vLLM
     unread = {"messages": CHAT, "chat_template_kwargs": {"unread": [1, {"a": None}]}}
     assert ok(server, "/tokenize", unread)["tokens"] == plain
+
+
+def test_reasoning_effort_is_a_template_variable_as_in_vllm(templated, served) -> None:
+    """The issue's example: ``reasoning_effort`` was refused, where vLLM takes it for any model
+    and passes it to the chat template. A template that reads it renders it; one that does
+    not (ChatML in ids) renders as without it; a value outside OpenAI's and vLLM's, or the
+    variable sent twice, is a 400 naming it."""
+    server, tok = templated
+    plain = ok(server, "/tokenize", {"messages": CHAT})["tokens"]
+    body = {"messages": CHAT, "max_tokens": 2, "temperature": 0, "reasoning_effort": "low"}
+    reply = ok(server, "/v1/chat/completions", body)
+    want = render_chat(tok, CHAT, variables={"reasoning_effort": "low"})
+    assert want != plain and "Reasoning: low" in tok.tokenizer.decode(want)
+    assert reply["usage"]["prompt_tokens"] == len(want)
+    chatml, _ = served
+    got = ok(chatml, "/v1/chat/completions", {**body, "reasoning_effort": "none"})
+    assert got["usage"]["prompt_tokens"] == len(TOK.apply_chat_template(CHAT))
+    message = error(chatml, "/v1/chat/completions", {**body, "reasoning_effort": "huge"},
+                    "reasoning_effort")  # fmt: skip
+    assert message.startswith("reasoning_effort: Input should be 'none', 'minimal', 'low'")
+    twice = {**body, "chat_template_kwargs": {"reasoning_effort": "high"}}
+    message = error(chatml, "/v1/chat/completions", twice, "reasoning_effort")
+    assert message.endswith("send it once")
 
 
 def test_chat_template_kwargs_change_nothing_for_chatml_in_ids(served) -> None:

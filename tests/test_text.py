@@ -157,10 +157,13 @@ def test_extend_chat_refuses_a_template_that_rewrites_earlier_turns() -> None:
 
 
 # ------------------------------------------------------------------ template variables
-# Qwen3's switch (an empty thinking block when thinking is off) and a custom variable
+# Qwen3's switch (an empty thinking block when thinking is off), a custom variable and
+# gpt-oss's reasoning_effort (which chat's field of that name sets)
 VARIABLES_TEMPLATE = (
     "{% if greeting is defined %}{{ '<|im_start|>system\n' + greeting + '<|im_end|>\n' }}"
     "{% endif %}"
+    "{% if reasoning_effort is defined %}"
+    "{{ '<|im_start|>system\nReasoning: ' + reasoning_effort + '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"

@@ -226,7 +226,7 @@ class OpenAIHandlers:
             body.messages,
             body.add_generation_prompt,
             body.continue_final_message,
-            body.chat_template_kwargs,
+            body.template_variables(),
         )
         reply = await self._start(
             body, [Prompt(ids)], "messages", DEFAULT_CHAT_MAX_TOKENS, received
@@ -475,8 +475,11 @@ class OpenAIHandlers:
             raise as_api_error(exc) from None
         obj = "chat.completion" if reply.spec.chat else "text_completion"
         choices = [c.response() for c in reply.choices]
-        usage = usage_of(reply.choices, reply.prompts)
-        return JSONResponse(envelope(reply.rid, obj, self.model_name, choices, usage=usage))
+        extra: dict[str, Any] = {"usage": usage_of(reply.choices, reply.prompts)}
+        if reply.spec.chat and reply.spec.prompt_logprobs is not None:
+            # vLLM's place for a chat's: the response's, since every choice has one prompt
+            extra["prompt_logprobs"] = reply.choices[0].prompt_logprobs()
+        return JSONResponse(envelope(reply.rid, obj, self.model_name, choices, **extra))
 
     async def _outputs(
         self, reply: _Reply, request: Request | None
