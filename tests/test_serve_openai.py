@@ -906,6 +906,79 @@ def test_the_handlers_record_a_fleet_s_requests_beside_its_replicas(prefix: str)
     assert samples[f"{p}request_finished_total{{replica=r2}}"] == 1
 
 
+# Every series each engine's own Grafana dashboard queries, as its JSON reads them:
+# vllm-project/vllm examples/online_serving/prometheus_grafana/grafana.json (the version
+# whose cache panel reads kv_cache_usage_perc, vLLM V1's name), and sgl-project/sglang
+# examples/monitoring/grafana/dashboards/json/sglang-dashboard.json.
+VLLM_DASHBOARD = (
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_per_output_token_seconds_bucket",
+    "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:kv_cache_usage_perc",
+    "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket",
+    "vllm:request_success_total",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_decode_time_seconds_sum",
+    "vllm:request_max_num_generation_tokens_sum",
+)
+SGLANG_DASHBOARD = (
+    "sglang:e2e_request_latency_seconds_bucket",
+    "sglang:e2e_request_latency_seconds_sum",
+    "sglang:e2e_request_latency_seconds_count",
+    "sglang:time_to_first_token_seconds_bucket",
+    "sglang:time_to_first_token_seconds_sum",
+    "sglang:time_to_first_token_seconds_count",
+    "sglang:num_running_reqs",
+    "sglang:gen_throughput",
+    "sglang:cache_hit_rate",
+    "sglang:num_queue_reqs",
+)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "dashboard"), [("vllm", VLLM_DASHBOARD), ("sglang", SGLANG_DASHBOARD)]
+)
+def test_each_engines_dashboard_reads_every_series_it_queries(prefix, dashboard) -> None:
+    """``--metrics-prefix vllm`` / ``sglang`` serve every series that engine's dashboard
+    reads; ``request_max_num_generation_tokens`` is observed once per prompt, the longest of
+    its ``n`` outputs (vLLM's parallel-sampling parent)."""
+    metrics = ServerMetrics(MODEL, prefix, max_model_len=1024)
+    api = OpenAIHandlers(ScriptedClient(), MODEL, metrics=metrics.requests)
+
+    async def run() -> None:
+        for body in ({"prompt": "ab", "max_tokens": 3}, {"prompt": "abc", "max_tokens": 2, "n": 2},
+                     {"prompt": ["a", "b"], "max_tokens": 4}):  # fmt: skip
+            await api.completions(CompletionRequest.model_validate(body))
+
+    asyncio.run(run())
+    text = metrics.render(engine_snapshot(4))
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert [name for name in dashboard if name not in samples] == []
+    assert all(name.startswith(f"{prefix}:") for name in samples)
+    assert samples[f"{prefix}:cache_hit_rate"] == 4 / 10
+    if prefix == "vllm":
+        assert samples["vllm:request_max_num_generation_tokens_count"] == 4  # prompts
+        assert samples["vllm:request_max_num_generation_tokens_sum"] == 3 + 2 + 4 + 4
+        assert samples["vllm:request_generation_tokens_count"] == 5  # choices
+    else:  # the series both engines define carry SGLang's names only
+        assert samples["sglang:queue_time_seconds_count"] == 5
+        assert samples["sglang:num_requests_total"] == 4
+        assert "sglang:num_requests_running" not in samples
+        assert "sglang:request_queue_time_seconds_count" not in samples
+
+
 def test_host_tier_counters(model) -> None:
     """An engine with a host tier reports it: prefixes evicted from a small pool come back
     from host memory."""

@@ -14,8 +14,8 @@ their connections close (0 after SIGINT; SIGTERM's own status, 143, after SIGTER
 ``--kv-events ENDPOINT[,REPLAY_ENDPOINT]`` publishes the radix cache's KV events as vLLM
 does (ZMQ PUB on ``ENDPOINT``, replay on a ROUTER at ``REPLAY_ENDPOINT``;
 :class:`~radixkv.fleet.transport.EventPublisher`, needs pyzmq), so a router built for
-vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` names
-``/metrics`` as vLLM does.
+vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` (or ``sglang``)
+names ``/metrics`` as vLLM (or SGLang) does.
 
 ``--replicas N`` (N > 1) with ``--router NAME`` serves a fleet on Ray Serve instead
 (:func:`radixkv.serve.ray.fleet.serve_fleet`); SIGINT and SIGTERM stop it, Ray's
@@ -110,8 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metrics-prefix",
         default="radixkv",
-        help="prefix of /metrics names: 'radixkv' (default) or 'vllm' for vLLM's own names, "
-        "so dashboards built for vLLM read this server unchanged",
+        help="prefix of /metrics names: 'radixkv' (default), 'vllm' for vLLM's own names or "
+        "'sglang' for SGLang's, so dashboards built for either engine read this server",
     )
     p.add_argument(
         "--kv-events",

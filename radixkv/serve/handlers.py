@@ -93,6 +93,7 @@ class _Reply:
     include_usage: bool
     continuous_usage: bool  # usage on every chunk (vLLM's continuous_usage_stats)
     received: float  # loop clock (time.perf_counter) when the request arrived
+    ended: dict[int, int] = dataclasses.field(default_factory=dict)  # prompt -> choices ended
 
 
 class OpenAIHandlers:
@@ -505,7 +506,7 @@ class OpenAIHandlers:
         if call is None:
             delta, finish = choice.step(None, time.perf_counter())
             yield None, delta, finish
-            self.metrics.finished(choice, reply.received, time.perf_counter())
+            self._record(choice, reply)
             return
         try:
             async for out in call:
@@ -514,10 +515,20 @@ class OpenAIHandlers:
                     raise ApiError(500, out.error or "the engine failed", type_="internal_error")
                 yield out, delta, finish
                 if finish is not None:
-                    self.metrics.finished(choice, reply.received, time.perf_counter())
+                    self._record(choice, reply)
                     return
         finally:
             await call.aclose()
+
+    def _record(self, choice: Choice, reply: _Reply) -> None:
+        """Record that ``choice`` ended; once all of its prompt's ``n`` choices have, the
+        longest output among them. O(n) for the last of them, O(1) before."""
+        self.metrics.finished(choice, reply.received, time.perf_counter())
+        pi, n = choice.prompt_index, len(reply.choices) // len(reply.prompts)
+        reply.ended[pi] = ended = reply.ended.get(pi, 0) + 1
+        if ended == n:  # a prompt's choices are consecutive, n of them
+            siblings = reply.choices[pi * n : (pi + 1) * n]
+            self.metrics.prompt_finished(max(len(c.token_ids) for c in siblings))
 
     async def _events(self, reply: _Reply, request: Request | None) -> AsyncIterator[str]:
         """The server-sent events of a streamed response, ending in ``[DONE]``."""
