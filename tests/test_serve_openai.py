@@ -724,6 +724,32 @@ def test_max_model_len_is_the_models_context(model) -> None:
         build_app(AsyncEngine(make_engine(model)), model_name=MODEL, max_model_len=0)
 
 
+@pytest.mark.parametrize(("context", "engine_limit"), [(None, None), (4096, None), (None, 40)])
+def test_the_advertised_max_model_len_is_what_a_request_gets(model, context, engine_limit):
+    """``/v1/models``' ``max_model_len`` is the largest prompt plus ``max_tokens`` that gets a
+    200, and one more token is a 400: a pool of 16 blocks of 4 advertised 64 (or the context,
+    4096, past the pool) but took 65."""
+    limited = {} if engine_limit is None else {"max_model_len": engine_limit}
+    engine = make_engine(model, num_blocks=16, **limited)
+    with Server(build_app(AsyncEngine(engine), model_name=MODEL, max_model_len=context)) as srv:
+        limit = json.loads(srv.request("GET", "/v1/models")[1])["data"][0]["max_model_len"]
+        assert limit == (engine_limit or 16 * 4)
+        assert ok(srv, "/tokenize", {"prompt": "a"})["max_model_len"] == limit
+        for prompt_len in (1, limit // 2, limit - 1):
+            body = {"prompt": [1] * prompt_len, "max_tokens": limit - prompt_len,
+                    "ignore_eos": True}  # fmt: skip
+            reply = ok(srv, "/v1/completions", body)
+            assert reply["usage"]["completion_tokens"] == limit - prompt_len
+            body["max_tokens"] += 1
+            assert "max_tokens" in error(srv, "/v1/completions", body, "max_tokens")
+        assert error(srv, "/v1/completions", {"prompt": [1] * limit}, "prompt")
+
+
+def test_an_engine_refuses_a_max_model_len_its_pool_cannot_hold(model) -> None:
+    with pytest.raises(ValueError, match=r"max_model_len=65 is more than the 64 tokens the KV"):
+        make_engine(model, num_blocks=16, max_model_len=65)
+
+
 def test_context_length_comes_from_the_models_metadata(tmp_path: Path) -> None:
     assert context_length("random") is None
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
@@ -847,7 +873,7 @@ class ScriptedClient:
     max_model_len = 1024
 
     def max_new_tokens(self, prompt_len: int) -> int:
-        return self.max_model_len - prompt_len + 1
+        return max(0, self.max_model_len - prompt_len)
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, namespace: Any, *, cap_to_pool=False

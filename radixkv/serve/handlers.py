@@ -100,8 +100,9 @@ class OpenAIHandlers:
     """The endpoints' logic over ``client``, apart from routing, for the model ``model_name``.
 
     ``context_len`` is the model's context length (the longest prompt plus reply it takes;
-    None: only the pool bounds it), which ``/v1/models`` reports as ``max_model_len``
-    (else the client's); ``metrics`` records each choice's latencies and lengths.
+    None: only the client's limit, the pool's, bounds it); ``/v1/models`` reports the
+    smaller of the two as ``max_model_len``; ``metrics`` records each choice's latencies
+    and lengths.
     ``request``, where a route passes it, is watched: a client that disconnects has
     its request aborted.
     """
@@ -137,8 +138,12 @@ class OpenAIHandlers:
 
     @property
     def max_model_len(self) -> int | None:
-        """The model's context length where known, else the tokens the pool holds."""
-        return self.context_len if self.context_len is not None else self.client.max_model_len
+        """The most tokens a request may have, prompt plus ``max_tokens``: the client's limit
+        (the pool's), or the model's context length where that is shorter."""
+        limit = self.client.max_model_len
+        if self.context_len is None:
+            return limit
+        return self.context_len if limit is None else min(limit, self.context_len)
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [self.model_card()]}
@@ -310,8 +315,8 @@ class OpenAIHandlers:
         if room == 0:
             raise ApiError(
                 400,
-                f"the prompt is {prompt_len} tokens; the KV pool holds at most "
-                f"{self.client.max_model_len} tokens",
+                f"the prompt is {prompt_len} tokens; a request may have at most "
+                f"{self.client.max_model_len} tokens, prompt plus max_tokens",
                 param=prompt_param,
                 code="context_length_exceeded",
             )
