@@ -803,6 +803,32 @@ def test_max_model_len_is_the_models_context(model) -> None:
         build_app(AsyncEngine(make_engine(model)), model_name=MODEL, max_model_len=0)
 
 
+@pytest.mark.parametrize(("context", "engine_limit"), [(None, None), (4096, None), (None, 40)])
+def test_the_advertised_max_model_len_is_what_a_request_gets(model, context, engine_limit):
+    """``/v1/models``' ``max_model_len`` is the largest prompt plus ``max_tokens`` that gets a
+    200, and one more token is a 400: a pool of 16 blocks of 4 advertised 64 (or the context,
+    4096, past the pool) but took 65."""
+    limited = {} if engine_limit is None else {"max_model_len": engine_limit}
+    engine = make_engine(model, num_blocks=16, **limited)
+    with Server(build_app(AsyncEngine(engine), model_name=MODEL, max_model_len=context)) as srv:
+        limit = json.loads(srv.request("GET", "/v1/models")[1])["data"][0]["max_model_len"]
+        assert limit == (engine_limit or 16 * 4)
+        assert ok(srv, "/tokenize", {"prompt": "a"})["max_model_len"] == limit
+        for prompt_len in (1, limit // 2, limit - 1):
+            body = {"prompt": [1] * prompt_len, "max_tokens": limit - prompt_len,
+                    "ignore_eos": True}  # fmt: skip
+            reply = ok(srv, "/v1/completions", body)
+            assert reply["usage"]["completion_tokens"] == limit - prompt_len
+            body["max_tokens"] += 1
+            assert "max_tokens" in error(srv, "/v1/completions", body, "max_tokens")
+        assert error(srv, "/v1/completions", {"prompt": [1] * limit}, "prompt")
+
+
+def test_an_engine_refuses_a_max_model_len_its_pool_cannot_hold(model) -> None:
+    with pytest.raises(ValueError, match=r"max_model_len=65 is more than the 64 tokens the KV"):
+        make_engine(model, num_blocks=16, max_model_len=65)
+
+
 def test_context_length_comes_from_the_models_metadata(tmp_path: Path) -> None:
     assert context_length("random") is None
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
@@ -926,7 +952,7 @@ class ScriptedClient:
     max_model_len = 1024
 
     def max_new_tokens(self, prompt_len: int) -> int:
-        return self.max_model_len - prompt_len + 1
+        return max(0, self.max_model_len - prompt_len)
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, namespace: Any, *, cap_to_pool=False
@@ -983,6 +1009,79 @@ def test_the_handlers_record_a_fleet_s_requests_beside_its_replicas(prefix: str)
     # the engine's metrics: once per replica
     assert samples[f"{p}request_finished_total{{replica=r1}}"] == 3
     assert samples[f"{p}request_finished_total{{replica=r2}}"] == 1
+
+
+# Every series each engine's own Grafana dashboard queries, as its JSON reads them:
+# vllm-project/vllm examples/online_serving/prometheus_grafana/grafana.json (the version
+# whose cache panel reads kv_cache_usage_perc, vLLM V1's name), and sgl-project/sglang
+# examples/monitoring/grafana/dashboards/json/sglang-dashboard.json.
+VLLM_DASHBOARD = (
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_per_output_token_seconds_bucket",
+    "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:kv_cache_usage_perc",
+    "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket",
+    "vllm:request_success_total",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_decode_time_seconds_sum",
+    "vllm:request_max_num_generation_tokens_sum",
+)
+SGLANG_DASHBOARD = (
+    "sglang:e2e_request_latency_seconds_bucket",
+    "sglang:e2e_request_latency_seconds_sum",
+    "sglang:e2e_request_latency_seconds_count",
+    "sglang:time_to_first_token_seconds_bucket",
+    "sglang:time_to_first_token_seconds_sum",
+    "sglang:time_to_first_token_seconds_count",
+    "sglang:num_running_reqs",
+    "sglang:gen_throughput",
+    "sglang:cache_hit_rate",
+    "sglang:num_queue_reqs",
+)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "dashboard"), [("vllm", VLLM_DASHBOARD), ("sglang", SGLANG_DASHBOARD)]
+)
+def test_each_engines_dashboard_reads_every_series_it_queries(prefix, dashboard) -> None:
+    """``--metrics-prefix vllm`` / ``sglang`` serve every series that engine's dashboard
+    reads; ``request_max_num_generation_tokens`` is observed once per prompt, the longest of
+    its ``n`` outputs (vLLM's parallel-sampling parent)."""
+    metrics = ServerMetrics(MODEL, prefix, max_model_len=1024)
+    api = OpenAIHandlers(ScriptedClient(), MODEL, metrics=metrics.requests)
+
+    async def run() -> None:
+        for body in ({"prompt": "ab", "max_tokens": 3}, {"prompt": "abc", "max_tokens": 2, "n": 2},
+                     {"prompt": ["a", "b"], "max_tokens": 4}):  # fmt: skip
+            await api.completions(CompletionRequest.model_validate(body))
+
+    asyncio.run(run())
+    text = metrics.render(engine_snapshot(4))
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert [name for name in dashboard if name not in samples] == []
+    assert all(name.startswith(f"{prefix}:") for name in samples)
+    assert samples[f"{prefix}:cache_hit_rate"] == 4 / 10
+    if prefix == "vllm":
+        assert samples["vllm:request_max_num_generation_tokens_count"] == 4  # prompts
+        assert samples["vllm:request_max_num_generation_tokens_sum"] == 3 + 2 + 4 + 4
+        assert samples["vllm:request_generation_tokens_count"] == 5  # choices
+    else:  # the series both engines define carry SGLang's names only
+        assert samples["sglang:queue_time_seconds_count"] == 5
+        assert samples["sglang:num_requests_total"] == 4
+        assert "sglang:num_requests_running" not in samples
+        assert "sglang:request_queue_time_seconds_count" not in samples
 
 
 def test_host_tier_counters(model) -> None:

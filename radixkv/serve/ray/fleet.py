@@ -151,7 +151,7 @@ class EngineReplica:
         await self.engine.start()
         hasher = engine.cache.events_hasher
         alloc = engine.allocator
-        self._limits = EngineLimits(self.engine.vocab_size, alloc.num_blocks * alloc.block_size)
+        self._limits = EngineLimits(self.engine.vocab_size, engine.max_model_len)
         self.info = ReplicaInfo(
             event_endpoint=self._publisher.endpoint,
             replay_endpoint=self._publisher.replay_endpoint,
