@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.cli import main
-from radixkv.fleet.replica import Replica
+from radixkv.fleet.replica import BatchedScheduler, Replica
 from radixkv.fleet.results import RunTally, SimResult, roll_up
 from radixkv.fleet.routing import ReplicaState, RouteRequest
 from radixkv.fleet.sim import (
@@ -21,6 +21,7 @@ from radixkv.fleet.sim import (
     SimClock,
     SimRequest,
     build_router,
+    offered_load,
     requests_from_trace,
     simulate,
     single_cache_hit_rate,
@@ -194,6 +195,36 @@ def test_rate_scales_arrivals() -> None:
     fast = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=4, service=FAST, rate=4.0)
     assert slow.makespan_s > fast.makespan_s
     assert fast.makespan_s == pytest.approx(25.0 + FAST.prefill(512, 0) + FAST.decode(1))
+
+
+@pytest.mark.parametrize("batch", [None, BatchConfig()])
+def test_ttft_runs_from_the_scaled_arrival(batch: BatchConfig | None) -> None:
+    # At rate 4 request 1 arrives at 25 s (trace: 100 s) on an idle replica: its TTFT is its
+    # prefill alone, not measured from the trace's 100 s
+    reqs = [req(0, 0.0, [1]), req(1, 100.0, [2])]
+    res = simulate(
+        reqs, RoundRobin(), num_replicas=1, capacity_blocks=4, service=FAST, batch=batch, rate=4.0
+    )
+    first = res.ttft[0]
+    assert first > 0 and res.ttft.tolist() == pytest.approx([first, first])
+
+
+def test_offered_load_divides_the_span_by_the_rate() -> None:
+    reqs = [req(0, 0.0, [1, 2]), req(1, 100.0, [3]), req(2, 200.0, [4])]
+    work = 2 * (FAST.prefill(512, 0) + FAST.decode(1)) + FAST.prefill(1024, 0) + FAST.decode(1)
+    # span 200 s at rate 1, 50 s at rate 4, over 2 replicas
+    assert offered_load(reqs, FAST, 2) == pytest.approx(work / 400.0)
+    assert offered_load(reqs, FAST, 2, rate=4.0) == pytest.approx(work / 100.0)
+    res = simulate(reqs, RoundRobin(), num_replicas=2, capacity_blocks=4, service=FAST, rate=4.0)
+    assert res.offered_load == pytest.approx(work / 100.0)
+
+
+def test_a_scheduler_that_makes_no_progress_fails_instead_of_spinning(monkeypatch) -> None:
+    # A wake-up that only plans the next one at the same time (as a scheduler bug would)
+    monkeypatch.setattr(BatchedScheduler, "wake", lambda self, now: self.host.schedule(self.k, now))
+    reqs = [req(i, float(i), [i + 1], out=3) for i in range(4)]
+    with pytest.raises(RuntimeError, match="16 events per request for 4 requests"):
+        simulate(reqs, RoundRobin(), num_replicas=2, capacity_blocks=4, batch=BatchConfig())
 
 
 # ------------------------------------------------------------------ batched service
