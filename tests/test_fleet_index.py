@@ -407,6 +407,26 @@ def test_block_removed_keeps_the_claim_of_a_queued_request() -> None:
     idx.check()
 
 
+def test_a_claim_counts_until_capacity_more_blocks_were_routed_after_it() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    idx.set_capacity("r0", 4)
+    a, b = chain(A), chain(B)
+    idx.speculate("r0", a[:2], "q1")  # routed: 2
+    idx.speculate("r0", b[3:6], "q2")  # 3 more after q1's: still held
+    assert idx.match(a) == {"r0": 2}
+    idx.speculate("r0", b[6:7], "q3")  # 4 = capacity after it: evicted before one routed now
+    assert idx.match(a) == {}
+    assert idx.speculative("r0") >= set(a[:2])  # the claim itself stays
+    idx.speculate("r0", a[:2], "q4")  # a newer claimant, nothing routed after it
+    assert idx.match(a) == {"r0": 2}
+    idx.set_capacity("r0", 0)  # unknown: no bound
+    idx.release("r0", "q4")
+    assert idx.match(a) == {"r0": 2}
+    with pytest.raises(ValueError, match="capacity_blocks"):
+        idx.set_capacity("r0", -1)
+    idx.check()
+
+
 def test_the_safety_net_follows_the_observed_lifetimes() -> None:
     clock = FakeClock()
     idx = ExactIndex(spec_ttl_factor=4.0, clock=clock)

@@ -560,3 +560,40 @@ def test_time_cost_prices_prefill_with_the_service_model() -> None:
     assert r.replica_id == "cold"
     r, _ = extra.pick(reps, {"hot": 5}, 10, b2, 0.0, lambda r: 0.0, lambda r: 0)
     assert r.replica_id == "hot"
+
+
+@pytest.mark.parametrize("min_gain", [0, 1])
+def test_exact_ties_go_round_in_turn_from_any_start(min_gain: int) -> None:
+    # Three idle replicas, nothing cached, equal fill and blocks taken: the turn decides,
+    # starting from replica turn % 3 (with min_gain_blocks, through the least-wait pick)
+    scoring = TimeCostScoring(min_gain_blocks=min_gain)
+    reps = [ReplicaState(f"r{i}") for i in range(3)]
+    picks = [
+        scoring.pick(reps, {}, 4, Backlog(), 0.0, lambda r: 0.0, lambda r: 0, turn=t)[0]
+        for t in range(7)
+    ]
+    assert [r.replica_id for r in picks] == ["r0", "r1", "r2", "r0", "r1", "r2", "r0"]
+
+
+def test_ties_go_to_free_kv_then_fewest_blocks_taken_then_the_turn() -> None:
+    scoring = TimeCostScoring()
+    reps = [ReplicaState(f"r{i}") for i in range(3)]
+    fill = {"r0": 0.5, "r1": 0.1, "r2": 0.1}
+    taken = {"r0": 0, "r1": 9, "r2": 3}
+
+    def pick(turn: int) -> str:
+        r, _ = scoring.pick(
+            reps,
+            {},
+            4,
+            Backlog(),
+            0.0,
+            lambda r: fill[r.replica_id],
+            lambda r: taken[r.replica_id],
+            turn=turn,
+        )
+        return r.replica_id
+
+    assert [pick(t) for t in range(3)] == ["r2", "r2", "r2"]  # least fill, then fewest taken
+    taken["r1"] = 3
+    assert [pick(t) for t in range(3)] == ["r1", "r1", "r2"]  # r1 and r2 tie: the turn
