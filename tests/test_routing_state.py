@@ -137,6 +137,39 @@ def test_the_pending_sweep_runs_at_most_once_a_second_and_ends_only_the_expired(
     s.check()
 
 
+def test_without_confirmations_a_confirmed_call_asked_again_is_undone_first() -> None:
+    s = state(confirmations=False)
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
+    assert s.routed("k1", "a")  # a confirmation that never had to come
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])  # Serve asks again for the same call
+    assert s.in_flight("a") + s.in_flight("b") == 1
+    s.check()
+
+
+def test_each_ended_decision_gets_one_on_finish() -> None:
+    s = state()
+    finished: list[tuple[Hashable, str]] = []
+    on_finish = s.router.on_finish
+
+    def spy(replica_id: Hashable, request: Any) -> None:
+        finished.append((replica_id, request.request_id))
+        on_finish(replica_id, request)
+
+    s.router.on_finish = spy  # type: ignore[method-assign]
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
+    s.routed("k1", "b")  # Serve fell back: the policy's count on a ends here
+    assert s.completed("r1", "b")  # the policy never counted it on b: nothing more
+    assert finished == [("a", "r1")]
+    s.check()
+
+
+def test_add_replica_updates_a_known_replica_s_capacity() -> None:
+    s = state()
+    assert s.add_replica("a", 64).capacity_blocks == 64
+    s.add_replica("a", 128)
+    assert s.replicas["a"].capacity_blocks == 128 and len(s.replicas) == 1
+
+
 def test_events_steer_the_exact_policy_and_a_reset_or_drop_forgets_them() -> None:
     s = state("exact")
     prefix = list(range(100, 124))  # 6 blocks
