@@ -152,6 +152,8 @@ def test_a_trimmed_request_switches_its_recomputed_blocks_to_the_cache_s(kind) -
     kv.free("a", [1, 2, 3, 4, 5, 6])  # 3 blocks cached
     kv.match_prefix("b", [1, 2, 3, 4, 5, 6, 9])
     cached = kv.block_table("b")[:]
+    kv.trim("b", 3)  # all of it: nothing changes
+    assert kv.block_table("b") == cached
     kv.trim("b", 2)
     kv.trim("b", 1)  # the trimmed prefix is the matched one now: trimmed again
     kv.allocate_slots("b", 7)
