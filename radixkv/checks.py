@@ -21,6 +21,8 @@ import numpy as np
 from radixkv.errors import ArgumentTypeError
 
 __all__ = [
+    "FLOAT32_MAX",
+    "FLOAT32_TINY",
     "check_bool",
     "check_int",
     "check_ints",
@@ -34,6 +36,11 @@ __all__ = [
 
 _INT_TYPES = (int, np.integer)
 _NUMBER_TYPES = (int, float, np.integer, np.floating)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+"""float32's smallest normal magnitude (about 1.18e-38): below it a value is subnormal,
+which a GPU may flush to 0."""
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""float32's largest magnitude (about 3.40e38): above it a value becomes infinity."""
 
 
 def is_int(value: object) -> bool:
@@ -57,13 +64,22 @@ def describe_int(low: int | None = None, high: int | None = None) -> str:
     return f"an int in [{low}, {high}]"
 
 
-def describe_number(low: float | None = None, *, strict: bool = False, finite: bool = True) -> str:
-    """The wording for a number above ``low``: "a positive number", "a number >= 1", ..."""
+def describe_number(
+    low: float | None = None, *, strict: bool = False, finite: bool = True, float32: bool = False
+) -> str:
+    """The wording for a number above ``low``: "a positive number", "a number >= 1", ...;
+    with ``float32``, the float32 range it must lie in too."""
     if low is None:
-        return "a finite number" if finite else "a number"
-    if low == 0:
-        return "a positive number" if strict else "a non-negative number"
-    return f"a number {'>' if strict else '>='} {low}"
+        what = "a finite number" if finite else "a number"
+    elif low == 0:
+        what = "a positive number" if strict else "a non-negative number"
+    else:
+        what = f"a number {'>' if strict else '>='} {low}"
+    if float32:
+        zero = "" if low == 0 and strict else "0 or "
+        span = f"[{FLOAT32_TINY:.3g}, {FLOAT32_MAX:.3g}]"
+        what += f" that float32 holds ({zero}a magnitude in {span})"
+    return what
 
 
 def check_int(
@@ -104,23 +120,29 @@ def check_number(
     low: float | None = None,
     strict: bool = False,
     finite: bool = True,
+    float32: bool = False,
     optional: bool = False,
 ) -> float | None:
     """``value`` as a ``float`` if it is a number above ``low`` (``> low`` if ``strict``).
 
-    NaN never passes; infinity passes only with ``finite=False``. Raises
-    ``ArgumentTypeError`` for a non-number (bool included), ``ValueError`` out
-    of range; the message names ``name`` and the value. O(1).
+    NaN never passes; infinity passes only with ``finite=False``. With ``float32``, a
+    value a float32 tensor cannot hold as it is does not pass either: a magnitude above
+    :data:`FLOAT32_MAX` (it would be infinity) or a nonzero one below
+    :data:`FLOAT32_TINY` (subnormal or 0). Raises ``ArgumentTypeError`` for a non-number
+    (bool included), ``ValueError`` out of range; the message names ``name`` and the
+    value. O(1).
     """
     if value is None and optional:
         return None
-    what = describe_number(low, strict=strict, finite=finite)
+    what = describe_number(low, strict=strict, finite=finite, float32=float32)
     if not is_number(value):
         raise ArgumentTypeError(_message(name, what, optional, value))
     x = float(value)
     bad = math.isnan(x) or (finite and math.isinf(x))
     if low is not None:
         bad = bad or (x <= low if strict else x < low)
+    if float32 and x != 0.0:
+        bad = bad or not FLOAT32_TINY <= abs(x) <= FLOAT32_MAX
     if bad:
         raise ValueError(_message(name, what, optional, value))
     return x

@@ -1,9 +1,18 @@
-"""Test helpers shared by the prefix-cache suites: one request's life and a probe."""
+"""Test helpers shared by the prefix-cache suites: one request's life, a probe, and vLLM's
+own block hashes."""
 
 from __future__ import annotations
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.prefix_cache import PrefixCache
+
+# vLLM 0.33.0's kv_cache_utils for the tokens 1000..1031 (sha256_cbor, block size 16, the
+# wire's low 64 bits), by PYTHONHASHSEED (None: unset): the two blocks' hashes, and the
+# first block's with cache_salt "tenant-x" (extra keys ("tenant-x",)).
+VLLM_SHA256_CBOR_HASHES = {
+    None: ([3753563854825738204, 2378715151359315973], 1388530249300785770),
+    "0": ([17507053300047258101, 14424512966625972522], 4098180400426386630),
+}
 
 
 def serve(alloc: BlockAllocator, cache: PrefixCache, tokens, ns=None) -> list[int]:

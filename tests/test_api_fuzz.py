@@ -2,7 +2,7 @@
 examples per route): no request gets a 5xx, every error has OpenAI's shape, and the engine is
 idle and consistent afterwards.
 
-The server is the one-engine app over a tiny random model with a small KV pool, so any
+The server is the one-engine app over a tiny random model with a KV pool of 64 tokens, so any
 request it accepts is short whatever its ``max_tokens`` or ``n``. ``/openapi.json`` declares
 each POST route's body (:mod:`radixkv.serve.openapi`): without that the fuzzer would send
 empty bodies only.
@@ -31,7 +31,7 @@ EXAMPLES = 20  # per route and phase: the suite's time budget, not a search for 
 
 @pytest.fixture(scope="module")
 def served() -> Iterator:
-    engine = tiny_engine(random_model(TINY_CONFIG, seed=0), num_blocks=48, block_size=4)
+    engine = tiny_engine(random_model(TINY_CONFIG, seed=0), num_blocks=16, block_size=4)
     with served_engine(engine, "random") as pair:
         yield pair
         check_engine(pair[1])  # idle, with every invariant of cache and scheduler holding

@@ -175,12 +175,13 @@ def test_bad_requests_raise_before_anything_is_queued(
 def test_max_new_tokens_is_what_the_pool_holds(model) -> None:
     async def main() -> None:
         async with AsyncEngine(make_engine(model, num_blocks=8)) as ae:  # 32 tokens
-            assert ae.max_new_tokens(10) == 23  # K/V of 10 + 22; the 23rd needs none
-            assert ae.max_new_tokens(32) == 1 and ae.max_new_tokens(33) == 0
-            outs = await drain(ae.generate(list(range(10)), SamplingParams(max_new_tokens=23)))
-            assert len(outs[-1].output_ids) == 23
-            with pytest.raises(ValueError, match="leaves room for 23"):
-                ae.generate(list(range(10)), SamplingParams(max_new_tokens=24))
+            # prompt plus max_new_tokens within max_model_len, the 32 tokens the pool holds
+            assert ae.max_new_tokens(10) == 22
+            assert ae.max_new_tokens(31) == 1 and ae.max_new_tokens(32) == 0
+            outs = await drain(ae.generate(list(range(10)), SamplingParams(max_new_tokens=22)))
+            assert len(outs[-1].output_ids) == 22
+            with pytest.raises(ValueError, match="leaves room for 22 within max_model_len 32"):
+                ae.generate(list(range(10)), SamplingParams(max_new_tokens=23))
             await assert_nothing_kept(ae)
 
     run(main())

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cache_helpers import VLLM_SHA256_CBOR_HASHES
 from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixkv.cache import BlockAllocator, HashBlockCache, InvariantError, NullCache, RadixCache
 from radixkv.cache.events import AllBlocksCleared, BlockRemoved, BlockStored
-from radixkv.cache.hashing import ChainHasher, namespace_extra_keys
+from radixkv.cache.hashing import ChainHasher, namespace_extra_keys, vllm_hash_seed
 
 try:
     from radixkv.fleet.index import ExactIndex
@@ -222,6 +223,36 @@ def test_hash_cache_runs_after_an_orphan():
     assert (ev1.block_hashes, ev1.parent_block_hash) == (full[:2], None)
     assert (ev2.block_hashes, ev2.parent_block_hash) == (full[3:], full[2])
     cache.check()
+
+
+# ------------------------------------------------------------ vLLM's own hashes
+@pytest.mark.skipif("sha256_cbor" not in RECIPES, reason="needs cbor2")
+@pytest.mark.parametrize("kind", CACHES)
+@pytest.mark.parametrize("pythonhashseed", VLLM_SHA256_CBOR_HASHES)
+def test_sha256_cbor_events_carry_the_hashes_vllm_computes(monkeypatch, kind, pythonhashseed):
+    """A cache hashing with vLLM's seed rule publishes, for the same tokens and salt, the
+    block hashes a vLLM server publishes (and an indexer recomputes from the tokens)."""
+    if pythonhashseed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", pythonhashseed)
+    blocks, salted = VLLM_SHA256_CBOR_HASHES[pythonhashseed]
+    hasher = ChainHasher("sha256_cbor", seed=vllm_hash_seed())
+    tokens = list(range(1000, 1032))
+    alloc, cache = make(kind, hasher, bs=16)
+    serve(alloc, cache, tokens)
+    serve(alloc, cache, tokens[:16], "tenant-x")
+    first, second = cache.take_events()
+    assert first.block_hashes == blocks and first.parent_block_hash is None
+    assert second.block_hashes == [salted] and second.extra_keys == [("tenant-x",)]
+
+
+def test_vllm_hash_seed_is_pythonhashseed_else_vllms_fixed_string() -> None:
+    assert vllm_hash_seed({}) == "vllm-none-hash"
+    assert vllm_hash_seed({"PYTHONHASHSEED": "0"}) == "0"
+    assert vllm_hash_seed({"PYTHONHASHSEED": ""}) == ""  # set, though empty: vLLM hashes ""
+    if "sha256_cbor" in RECIPES:  # an int seed is its decimal text, as PYTHONHASHSEED is
+        assert ChainHasher("sha256_cbor", seed=0).root == ChainHasher("sha256_cbor", "0").root
 
 
 # ------------------------------------------------------------- state machine

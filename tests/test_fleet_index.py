@@ -407,6 +407,47 @@ def test_block_removed_keeps_the_claim_of_a_queued_request() -> None:
     idx.check()
 
 
+def test_a_claim_counts_until_capacity_more_blocks_were_routed_after_it() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    idx.set_capacity("r0", 4)
+    a, b = chain(A), chain(B)
+    idx.speculate("r0", a[:2], "q1")  # routed: 2
+    idx.speculate("r0", b[3:6], "q2")  # 3 more after q1's: still held
+    assert idx.match(a) == {"r0": 2}
+    idx.speculate("r0", b[6:7], "q3")  # 4 = capacity after it: evicted before one routed now
+    assert idx.match(a) == {}
+    assert idx.speculative("r0") >= set(a[:2])  # the claim itself stays
+    idx.speculate("r0", a[:2], "q4")  # a newer claimant, nothing routed after it
+    assert idx.match(a) == {"r0": 2}
+    idx.set_capacity("r0", 0)  # unknown: no bound
+    idx.release("r0", "q4")
+    assert idx.match(a) == {"r0": 2}
+    with pytest.raises(ValueError, match="capacity_blocks"):
+        idx.set_capacity("r0", -1)
+    idx.check()
+
+
+def test_a_claim_on_the_last_block_counts() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    a = chain(A)
+    idx.speculate("r0", a[:1], "q1")
+    assert idx.match(a[:1]) == {"r0": 1}  # a one-block request
+    idx.apply("r1", [stored(a[:9])])
+    idx.speculate("r1", a, "q2")
+    assert idx.match(a) == {"r0": 1, "r1": 10}  # the tenth, claimed, after nine real
+
+
+def test_a_dropped_replica_comes_back_without_its_old_capacity() -> None:
+    idx = ExactIndex(clock=FakeClock())
+    a, b = chain(A), chain(B)
+    idx.set_capacity("r0", 2)
+    idx.drop_replica("r0")
+    idx.speculate("r0", a, "q1")
+    idx.speculate("r0", b[3:], "q2")  # 7 more blocks: past the old bound of 2
+    assert idx.match(a) == {"r0": 10}  # unknown capacity again: no bound
+    idx.check()
+
+
 def test_the_safety_net_follows_the_observed_lifetimes() -> None:
     clock = FakeClock()
     idx = ExactIndex(spec_ttl_factor=4.0, clock=clock)

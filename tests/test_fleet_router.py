@@ -560,3 +560,87 @@ def test_time_cost_prices_prefill_with_the_service_model() -> None:
     assert r.replica_id == "cold"
     r, _ = extra.pick(reps, {"hot": 5}, 10, b2, 0.0, lambda r: 0.0, lambda r: 0)
     assert r.replica_id == "hot"
+
+
+@pytest.mark.parametrize("min_gain", [0, 1])
+def test_exact_ties_go_round_in_turn_from_any_start(min_gain: int) -> None:
+    # Three idle replicas, nothing cached, equal fill and blocks taken: the turn decides,
+    # starting from replica turn % 3 (with min_gain_blocks, through the least-wait pick)
+    scoring = TimeCostScoring(min_gain_blocks=min_gain)
+    reps = [ReplicaState(f"r{i}") for i in range(3)]
+    picks = [
+        scoring.pick(reps, {}, 4, Backlog(), 0.0, lambda r: 0.0, lambda r: 0, turn=t)[0]
+        for t in range(7)
+    ]
+    assert [r.replica_id for r in picks] == ["r0", "r1", "r2", "r0", "r1", "r2", "r0"]
+
+
+def test_ties_go_to_free_kv_then_fewest_blocks_taken_then_the_turn() -> None:
+    scoring = TimeCostScoring()
+    reps = [ReplicaState(f"r{i}") for i in range(3)]
+    fill = {"r0": 0.5, "r1": 0.1, "r2": 0.1}
+    taken = {"r0": 0, "r1": 9, "r2": 3}
+
+    def pick(turn: int) -> str:
+        r, _ = scoring.pick(
+            reps,
+            {},
+            4,
+            Backlog(),
+            0.0,
+            lambda r: fill[r.replica_id],
+            lambda r: taken[r.replica_id],
+            turn=turn,
+        )
+        return r.replica_id
+
+    assert [pick(t) for t in range(3)] == ["r2", "r2", "r2"]  # least fill, then fewest taken
+    taken["r1"] = 3
+    assert [pick(t) for t in range(3)] == ["r1", "r1", "r2"]  # r1 and r2 tie: the turn
+
+
+def test_backlog_caps_at_a_finish_and_floors_at_the_replica_s_waiting() -> None:
+    b = Backlog()
+    b.add("r", "a", 2.0, now=0.0)
+    b.add("r", "b", 2.0, now=0.0)
+    b.add("r", "c", 2.0, now=0.0)
+    b.done("r", "b", now=1.0)  # at most c's 2 s are left, from 1.0
+    assert b.wait("r", 2.5) == 0.5  # and worked off with the clock since
+    b.add("r", "d", 2.0, now=2.5)  # behind c's last half second
+    assert b.wait("r", 2.5) == 2.5
+    # the replica says 2 requests wait: a floor of 2 mean prefills (2 s each), up to the total
+    assert b.wait("r", 4.5, waiting=2) == 4.0 and b.wait("r", 4.5) == 0.5
+    assert b.wait("r", 4.5, waiting=9) == 4.0
+
+
+def test_full_externality_charges_all_the_prefill_to_the_queue() -> None:
+    svc = ServiceModel(prefill_per_token=1.0, attention_per_key=0.0, step_overhead=0.0)
+    reps = [ReplicaState("hot"), ReplicaState("cold")]
+    b = Backlog()
+    for k in range(10):
+        b.add("hot", k, 1.0, now=0.0)  # ten requests of 1 s queued on hot
+    picks = {}
+    for mode in ("extra", "full"):
+        scoring = TimeCostScoring(svc, tokens_per_block=2, externality=mode)
+        r, _ = scoring.pick(reps, {"hot": 8}, 10, b, 0.0, lambda r: 0.0, lambda r: 0)
+        picks[mode] = r.replica_id
+    # hot: 10 s of queue + 4 s own; cold: 20 s own. "extra": hot's own is the least, so it
+    # costs the queue nothing: 14 < 20. "full": 14 + 4 x 10 queued = 54 > 20
+    assert picks == {"extra": "hot", "full": "cold"}
+
+
+def test_min_gain_falls_back_to_the_replica_with_the_least_wait_first() -> None:
+    scoring = TimeCostScoring(min_gain_blocks=3)
+    reps = [ReplicaState("busy"), ReplicaState("idle")]
+    b = Backlog()
+    b.add("busy", "q", 5.0, now=0.0)
+    fill = {"busy": 0.0, "idle": 0.5}  # the busy one has more free KV
+    r, _ = scoring.pick(reps, {}, 4, b, 0.0, lambda r: fill[r.replica_id], lambda r: 0)
+    assert r.replica_id == "idle"
+
+
+def test_the_load_bound_counts_the_request_being_placed() -> None:
+    # CHWBL: in_flight + 1 <= ceil(load_factor * (total + 1) / n); total 3: ceil(4 / 3) = 2
+    scoring = TimeCostScoring(load_factor=1.0)
+    ids = [r.replica_id for r in scoring.eligible(states(2, 1, 0))]
+    assert ids == ["r1", "r2"]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.cli import main
-from radixkv.fleet.replica import Replica
+from radixkv.fleet.replica import BatchedScheduler, Replica
 from radixkv.fleet.results import RunTally, SimResult, roll_up
 from radixkv.fleet.routing import ReplicaState, RouteRequest
 from radixkv.fleet.sim import (
@@ -21,6 +21,7 @@ from radixkv.fleet.sim import (
     SimClock,
     SimRequest,
     build_router,
+    offered_load,
     requests_from_trace,
     simulate,
     single_cache_hit_rate,
@@ -194,6 +195,104 @@ def test_rate_scales_arrivals() -> None:
     fast = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=4, service=FAST, rate=4.0)
     assert slow.makespan_s > fast.makespan_s
     assert fast.makespan_s == pytest.approx(25.0 + FAST.prefill(512, 0) + FAST.decode(1))
+
+
+@pytest.mark.parametrize("batch", [None, BatchConfig()])
+def test_ttft_runs_from_the_scaled_arrival(batch: BatchConfig | None) -> None:
+    # At rate 4 request 1 arrives at 25 s (trace: 100 s) on an idle replica: its TTFT is its
+    # prefill alone, not measured from the trace's 100 s
+    reqs = [req(0, 0.0, [1]), req(1, 100.0, [2])]
+    res = simulate(
+        reqs, RoundRobin(), num_replicas=1, capacity_blocks=4, service=FAST, batch=batch, rate=4.0
+    )
+    first = res.ttft[0]
+    assert first > 0 and res.ttft.tolist() == pytest.approx([first, first])
+
+
+def test_offered_load_divides_the_span_by_the_rate() -> None:
+    reqs = [req(0, 0.0, [1, 2]), req(1, 100.0, [3]), req(2, 200.0, [4])]
+    work = 2 * (FAST.prefill(512, 0) + FAST.decode(1)) + FAST.prefill(1024, 0) + FAST.decode(1)
+    # span 200 s at rate 1, 50 s at rate 4, over 2 replicas
+    assert offered_load(reqs, FAST, 2) == pytest.approx(work / 400.0)
+    assert offered_load(reqs, FAST, 2, rate=4.0) == pytest.approx(work / 100.0)
+    res = simulate(reqs, RoundRobin(), num_replicas=2, capacity_blocks=4, service=FAST, rate=4.0)
+    assert res.offered_load == pytest.approx(work / 100.0)
+
+
+def test_offered_load_of_fewer_than_two_requests_is_zero() -> None:
+    assert offered_load([req(0, 5.0, [1])], FAST, 1) == 0.0
+    assert offered_load([], FAST, 1) == 0.0
+
+
+class Recorder(RoundRobin):
+    """Round robin that records the in-flight counts it is shown and when events arrive."""
+
+    def __init__(self, clock: SimClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.shown: list[list[int]] = []
+        self.heard: list[tuple[float, int]] = []
+        self.calls: list[tuple[str, float]] = []
+
+    def choose(self, request, replicas):
+        self.shown.append([r.in_flight for r in replicas])
+        self.calls.append(("choose", self.clock()))
+        return super().choose(request, replicas)
+
+    def on_events(self, replica_id, events):
+        self.heard.append((self.clock(), len(events)))
+        self.calls.append(("events", self.clock()))
+
+
+def test_routers_see_in_flight_counts_and_hear_events_after_the_delay() -> None:
+    clock = SimClock()
+    router = Recorder(clock)
+    reqs = [req(0, 0.0, [1, 2]), req(1, 0.0, [3]), req(2, 0.0, [4]), req(3, 100.0, [5])]
+    reqs.append(req(4, 105.0, [6]))  # arrives as request 3's events do
+    sim = FleetSim(num_replicas=2, capacity_blocks=8, service=FAST, event_delay=5.0, clock=clock)
+    res = sim.run(reqs, router)
+    assert router.shown == [[0, 0], [1, 0], [1, 1], [0, 0], [0, 0]]
+    assert sorted(router.finished) == [0, 1, 2, 3, 4]
+    assert [r.state.in_flight for r in sim.replicas] == [0, 0]
+    # each request's blocks reach the router event_delay after it started
+    r2_start = FAST.prefill(1024, 0) + FAST.decode(1)  # behind request 0 on replica 0
+    heard = [5.0, 5.0, 5.0 + r2_start, 105.0, 110.0]
+    assert [t for t, _ in router.heard] == pytest.approx(heard)
+    assert res.events_delivered == sum(n for _, n in router.heard) == 5  # a BlockStored each
+    # at equal times the router is informed before it routes
+    assert router.calls[-3:] == [("events", 105.0), ("choose", 105.0), ("events", 110.0)]
+
+
+def test_a_request_s_hit_is_capped_at_its_prompt() -> None:
+    # two ids (1024 tokens of blocks) for a 700-token prompt: the second request's hit of
+    # both ids is its 700 tokens
+    reqs = [SimRequest(i, 100.0 * i, np.array([1, 2], dtype=np.int32), 700, 1) for i in range(2)]
+    res = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=8, service=FAST)
+    assert res.hit_ids.tolist() == [0, 2] and res.hit_tokens == 700
+
+
+def test_a_replaced_wake_up_is_ignored() -> None:
+    # r0 decodes from 0.9 s, its finish planned for 4.9 s; r1 (2 s) and r2 (4.7 s) arrive
+    # while it decodes, each replacing that plan: their prefills share a step with r0's
+    # decode (7 of the 8 tokens) and take 4/7 step + 0.4 s each, whatever was planned before
+    svc = ServiceModel(
+        prefill_per_token=0.1, attention_per_key=0.0, decode_per_token=0.0, step_overhead=1.0
+    )
+    reqs = [
+        SimRequest(i, t, np.array([i + 1], dtype=np.int32), 4, out)
+        for i, (t, out) in enumerate([(0.0, 5), (2.0, 1), (4.7, 1)])
+    ]
+    batch = BatchConfig(token_budget=8, max_num_seqs=4)
+    res = simulate(reqs, RoundRobin(), num_replicas=1, capacity_blocks=8, service=svc, batch=batch)
+    assert res.ttft.tolist() == pytest.approx([0.5 + 0.4, 4 / 7 + 0.4, 4 / 7 + 0.4])
+
+
+def test_a_scheduler_that_makes_no_progress_fails_instead_of_spinning(monkeypatch) -> None:
+    # A wake-up that only plans the next one at the same time (as a scheduler bug would)
+    monkeypatch.setattr(BatchedScheduler, "wake", lambda self, now: self.host.schedule(self.k, now))
+    reqs = [req(i, float(i), [i + 1], out=3) for i in range(4)]
+    with pytest.raises(RuntimeError, match="16 events per request for 4 requests"):
+        simulate(reqs, RoundRobin(), num_replicas=2, capacity_blocks=4, batch=BatchConfig())
 
 
 # ------------------------------------------------------------------ batched service

@@ -300,6 +300,52 @@ def pub_payload(i: int) -> bytes:
     return encode_batch(events(i), float(i))
 
 
+def test_a_replay_flood_does_not_hold_back_the_live_stream() -> None:
+    """A client asking the replay socket for the whole ring as fast as it can, reading every
+    answer: each live batch still arrives while the flood goes on (it used to wait until
+    the flood and its backlog were over), and the flood's replays are still answered."""
+    ring, num_live = 2000, 20
+    ctx = zmq.Context()
+    stop, answered = threading.Event(), [0]  # replays answered to their end marker
+
+    def flood(endpoint: str) -> None:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(endpoint)
+        while not stop.is_set():
+            try:
+                dealer.send_multipart((b"", seq_bytes(0)), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            while dealer.poll(0):
+                answered[0] += dealer.recv_multipart()[-2] == END_SEQ
+        dealer.close(linger=0)
+
+    try:
+        with (
+            EventPublisher(buffer_size=ring) as pub,
+            EventSubscriber(pub.endpoint, replay_from_start=False) as sub,
+        ):
+            for i in range(ring):
+                pub.publish(events(i))
+            assert pub.flush()
+            sync(pub, sub)
+            flooder = threading.Thread(target=flood, args=(pub.replay_endpoint,))
+            flooder.start()
+            try:
+                poll_until(sub, lambda _: answered[0] > 0, "the flood's first replay")
+                before = answered[0]
+                for i in range(num_live):
+                    seq = pub.publish(events(ring + i))
+                    assert seqs(collect(sub, seq)) == [seq]  # while the flood goes on
+                poll_until(sub, lambda _: answered[0] > before, "a replay during the flood")
+                assert flooder.is_alive()
+            finally:
+                stop.set()
+                flooder.join()
+    finally:
+        ctx.term()
+
+
 # ------------------------------------------------------------ resets
 def test_seq_going_backwards_is_a_restart() -> None:
     a = EventPublisher()

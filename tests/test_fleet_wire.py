@@ -194,6 +194,13 @@ def test_event_maps_follow_the_rules(events: list, ts: float, rank: int | None) 
 
 
 # ------------------------------------------------------------ errors
+# A BlockRemoved with an unknown field 5,000 arrays deep (0x91: a msgpack array of one),
+# which the decoder walks to skip.
+DEEP_FIELD = msgspec.msgpack.encode(
+    [1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": None, "x": [127]}], 0]
+).replace(b"\x91\x7f", b"\x91" * 5000 + b"\x7f")
+
+
 @pytest.mark.parametrize(
     ("payload", "words"),
     [
@@ -207,6 +214,7 @@ def test_event_maps_follow_the_rules(events: list, ts: float, rank: int | None) 
         ),
         (msgspec.msgpack.encode({"ts": 1.0}), "array"),
         (b"\xc1", "invalid"),
+        (DEEP_FIELD, "recursion"),
     ],
 )
 def test_garbage_raises_a_clear_value_error(payload: bytes, words: str) -> None:

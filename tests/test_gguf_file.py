@@ -1,7 +1,10 @@
-"""The fast GGUF parser against the `gguf` package's own reader (a differential test)."""
+"""The fast GGUF parser against the `gguf` package's own reader (a differential test), and
+against truncated and corrupt files: each is a ``ValueError`` naming the file, found before
+anything the header claims is allocated."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +91,105 @@ def test_not_gguf_rejected(tmp_path: Path) -> None:
     p.write_bytes(b"GGML" + bytes(20))
     with pytest.raises(ValueError, match="not a GGUF"):
         read_gguf(p)
+
+
+def test_metadata_nested_too_deeply_is_a_value_error(tmp_path: Path) -> None:
+    """An array of arrays 3,000 deep: a ValueError naming the file and the key, not a
+    RecursionError."""
+    import struct
+
+    path = tmp_path / "deep.gguf"
+    key = b"general.deep"
+    nested = struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 9, 1) * 2999
+    path.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+        + nested + struct.pack("<IQ", 4, 0)
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=f"{path}: metadata 'general.deep' nests arrays deeper"):
+        read_gguf(path)
+
+
+def test_every_truncation_is_a_value_error_naming_the_file(tmp_path: Path) -> None:
+    """An interrupted download: the file cut at every byte (was ``struct.error`` in the
+    header, and a numpy reshape error in the tensor data)."""
+    whole = tmp_path / "whole.gguf"
+    _write(whole)
+    data = whole.read_bytes()
+    # the last tensor's end; past it the file holds only alignment padding
+    end = max(t.data_offset + t.n_bytes for t in gguf.GGUFReader(str(whole)).tensors)
+    assert end < len(data)
+    cut = tmp_path / "cut.gguf"
+    for size in range(len(data)):
+        cut.write_bytes(data[:size])
+        if size >= end:
+            assert len(read_gguf(cut).tensors) == 5
+            continue
+        with pytest.raises(ValueError, match=f"^{cut}") as caught:
+            read_gguf(cut)
+        assert "\n" not in str(caught.value), size
+
+
+def test_every_flipped_header_byte_parses_or_is_a_value_error(tmp_path: Path) -> None:
+    """A corrupt header: each byte before the tensor data flipped (two ways) either still
+    parses or is a ``ValueError`` naming the file, never another exception."""
+    whole = tmp_path / "whole.gguf"
+    _write(whole)
+    data = whole.read_bytes()
+    header = min(t.data.ctypes.data for t in read_gguf(whole).tensors)
+    header -= np.asarray(np.memmap(whole, dtype=np.uint8, mode="r")).ctypes.data
+    bad = tmp_path / "bad.gguf"
+    failed = 0
+    for pos in range(header):
+        for value in (data[pos] ^ 0xFF, data[pos] ^ 0x01):
+            bad.write_bytes(data[:pos] + bytes([value]) + data[pos + 1 :])
+            try:
+                read_gguf(bad)
+            except ValueError as exc:
+                assert str(exc).startswith(str(bad)), exc
+                failed += 1
+    assert failed > header  # most flips are caught
+
+
+def _header(num_tensors: int, num_fields: int) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, num_tensors, num_fields)
+
+
+def _string(s: bytes) -> bytes:
+    return struct.pack("<Q", len(s)) + s
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (_header(2**62, 0), "tensor count 4611686018427387904 .* needs"),
+        (_header(0, 2**62), "metadata count 4611686018427387904 .* needs"),
+        (_header(0, 1) + _string(b"k") + struct.pack("<IIQ", 9, 8, 2**60), "element count"),
+        (_header(0, 1) + _string(b"k") + struct.pack("<IIQ", 9, 4, 2**61), "element count"),
+        (_header(0, 1) + struct.pack("<Q", 2**63), "metadata key 0 length"),
+        (_header(0, 1) + _string(b"k") + struct.pack("<I", 99), "unknown value type 99"),
+        (_header(0, 1) + _string(b"k") + struct.pack("<II", 9, 99) + bytes(8), "element type"),
+        (_header(0, 1) + _string(b"k") + struct.pack("<IIQIQ", 9, 9, 1, 9, 1),
+         "nests arrays deeper than 2"),  # fmt: skip
+        (_header(0, 1) + _string(b"general.alignment") + struct.pack("<II", 4, 0),
+         "general.alignment must be a power of two, got 0"),  # fmt: skip
+        (_header(1, 0) + _string(b"t") + struct.pack("<I", 2**31), "has 2147483648 dims"),
+        (_header(1, 0) + _string(b"t") + struct.pack("<IQQIQ", 2, 2**40, 2**40, 0, 0),
+         "tensor 't' .* runs past the end of the file"),  # fmt: skip
+    ],
+    ids=lambda v: v.split(" ")[0] if isinstance(v, str) else "",
+)
+def test_a_corrupt_header_is_refused_before_anything_it_claims_is_allocated(
+    tmp_path: Path, body: bytes, message: str
+) -> None:
+    path = tmp_path / "corrupt.gguf"
+    path.write_bytes(body + bytes(64))
+    with pytest.raises(ValueError, match=f"^{path}: .*{message}"):
+        read_gguf(path)
+
+
+def test_a_file_shorter_than_a_header_is_not_gguf(tmp_path: Path) -> None:
+    path = tmp_path / "short.gguf"
+    for data in (b"", b"GGUF", _header(0, 0)[:-1]):
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=f"^{path} is not a GGUF file: {len(data)} bytes"):
+            read_gguf(path)

@@ -238,6 +238,55 @@ def test_without_a_host_tier_load_is_match_and_evict_host_does_nothing():
     assert cache.evict_host(5) == 0 and cache.host is None and cache.host_cached_blocks == 0
 
 
+def test_the_host_tier_is_a_subclass_and_radix_cache_with_host_builds_it():
+    from radixkv.cache import TieredRadixCache
+
+    dev, host = BlockAllocator(4, 2), BlockAllocator(4, 2)
+    cache = RadixCache(dev, "lru", host=HostTier(host))  # the old spelling keeps working
+    assert type(cache) is TieredRadixCache and isinstance(cache, RadixCache)
+    assert cache.host.allocator is host and cache.eviction == "lru"
+    del cache  # its claims go back with it
+    explicit = TieredRadixCache(dev, "lru", host=HostTier(host))
+    assert type(explicit) is TieredRadixCache
+    del explicit
+    assert type(RadixCache(dev)) is RadixCache  # no host: the tree alone
+    assert type(RadixCache(BlockAllocator(4, 2), host=None)) is RadixCache
+    with pytest.raises(TypeError, match="host must be a HostTier"):
+        TieredRadixCache(BlockAllocator(4, 2))  # the tiered class needs its tier
+
+    class Mine(RadixCache):  # a user's subclass is built as written, and has no tier
+        pass
+
+    with pytest.raises(TypeError, match="host"):
+        Mine(BlockAllocator(4, 2), host=HostTier(BlockAllocator(4, 2)))
+    assert type(Mine(BlockAllocator(4, 2))) is Mine
+
+
+def test_the_manager_loads_through_the_loading_cache_protocol():
+    from radixkv import HashBlockCache, NullCache
+    from radixkv.cache import KVCacheManager
+    from radixkv.cache.prefix_cache import LoadingCache
+
+    assert isinstance(RadixCache(BlockAllocator(4, 2)), LoadingCache)
+    assert not isinstance(HashBlockCache(BlockAllocator(4, 2)), LoadingCache)
+    assert not isinstance(NullCache(BlockAllocator(4, 2)), LoadingCache)
+
+    class Loads:  # any PrefixCache with a load: the manager looks prefixes up through it
+        def __init__(self, cache):
+            self.inner, self.loads = cache, 0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def load(self, tokens, namespace=None, *, stats=True):
+            self.loads += 1
+            return self.inner.match(tokens, namespace, stats=stats)
+
+    cache = Loads(HashBlockCache(BlockAllocator(8, 2)))
+    kv = KVCacheManager(cache)
+    assert kv.match_prefix("a", [1, 2, 3]) == 0 and cache.loads == 1
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "names"),
     [
@@ -314,31 +363,31 @@ def test_block_hashes_are_what_each_mediums_events_net_out_to():
 
 
 def test_host_eviction_keeps_its_index_when_the_index_is_rebuilt_mid_loop(monkeypatch):
-    # Regression: HostCopies.evict popped from a local alias of its index. Re-filing a stale
+    # Regression: the host eviction popped from a local alias of its index. Re-filing a stale
     # entry can rebuild the index (mostly dead entries), after which the entries skipped
     # for a load went back into the discarded list and dropped out of the index. The
     # rebuild is forced here on every re-file to take that path deterministically.
     from sortedcontainers import SortedList
 
-    from radixkv.cache.host_copies import HostCopies
+    from radixkv.cache.tiered import TieredRadixCache
 
-    index = HostCopies._index
+    index = TieredRadixCache._host_index
 
     def index_and_rebuild(self, node):
         index(self, node)
-        self._leaves = SortedList(e for e in self._leaves if e[-1].host_entry is e)
+        self._host_leaves = SortedList(e for e in self._host_leaves if e[-1].host_entry is e)
 
     cache, dev, _ = tiered(num_device=4, num_host=8)
     put(cache, dev, [1, 2])  # leaf a, the older
     put(cache, dev, [3, 4])  # leaf b
     cache.evict(2)  # both go to host only
-    host = cache._host  # a test's look inside: which host nodes are filed, and in what order
-    a, b = sorted((e[-1] for e in host._leaves), key=lambda n: n.last_access)
+    # a test's look inside: which host nodes are filed, and in what order
+    a, b = sorted((e[-1] for e in cache._host_leaves), key=lambda n: n.last_access)
     b.last_access += 100  # b's filed key is now stale, a's still fresh and first in line
-    monkeypatch.setattr(HostCopies, "_index", index_and_rebuild)
-    host.hold([a])  # a load holds a: evict skips it, re-files b (and rebuilds), frees b
+    monkeypatch.setattr(TieredRadixCache, "_host_index", index_and_rebuild)
+    cache._loading.add(a)  # a load holds a: evict skips it, re-files b (and rebuilds), frees b
     assert cache.evict_host(1) == 1 and b.host is None
-    host.release([a])
+    cache._loading.discard(a)
     cache.check()  # every host candidate is indexed: a was put back into the live index
     assert cache.evict_host(10) == 1 and a.host is None  # and a is still evictable
     cache.check()

@@ -150,6 +150,28 @@ def test_trim_gives_back_the_matched_blocks_a_request_will_not_read(kind) -> Non
     assert kv.allocator.num_free == 8 - 3
 
 
+@pytest.mark.parametrize("kind", ["radix", "hash"])
+def test_a_trimmed_request_switches_its_recomputed_blocks_to_the_cache_s(kind) -> None:
+    kv = manager(kind, num_blocks=8)
+    kv.match_prefix("a", [1, 2, 3, 4, 5, 6, 7])
+    kv.allocate_slots("a", 7)
+    kv.free("a", [1, 2, 3, 4, 5, 6])  # 3 blocks cached
+    kv.match_prefix("b", [1, 2, 3, 4, 5, 6, 9])
+    cached = kv.block_table("b")[:]
+    kv.trim("b", 3)  # all of it: nothing changes
+    assert kv.block_table("b") == cached
+    kv.trim("b", 2)
+    kv.trim("b", 1)  # the trimmed prefix is the matched one now: trimmed again
+    kv.allocate_slots("b", 7)
+    free_before = kv.allocator.num_free
+    # b recomputed positions 2..5 into blocks of its own: caching them, it moves onto the
+    # cache's copies and its two duplicates are freed
+    kv.cache_blocks("b", [1, 2, 3, 4, 5, 6])
+    assert kv.block_table("b")[:3] == cached
+    assert kv.num_switched_blocks == 2 and kv.allocator.num_free == free_before + 2
+    kv.check()
+
+
 def test_trim_refuses_misuse_before_any_change() -> None:
     kv = manager("radix", num_blocks=8)
     kv.match_prefix("a", [1, 2, 3, 4, 5])

@@ -17,6 +17,7 @@ from radixkv.model.loading import (
     permute_qk_for_gguf,
     unpermute_qk_from_gguf,
 )
+from radixkv.text.tokenizer import context_length
 
 torch.set_num_threads(1)
 
@@ -284,6 +285,17 @@ def test_not_a_model_rejected(tmp_path: Path) -> None:
         from_pretrained(f)
     with pytest.raises(FileNotFoundError):
         from_pretrained(tmp_path / "absent")
+
+
+def test_a_deeply_nested_config_is_a_value_error(tmp_path: Path) -> None:
+    """A ``config.json`` nested past the parser's recursion limit: a ValueError naming the
+    file, from the model loader and from the context-length probe alike."""
+    config = tmp_path / "config.json"
+    config.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(ValueError, match=f"{config}: invalid JSON: it nests too deeply"):
+        from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"{config}: invalid JSON: it nests too deeply"):
+        context_length(str(tmp_path))
 
 
 def test_load_model_random_is_seeded_and_speaks_bytes() -> None:

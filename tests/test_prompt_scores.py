@@ -113,6 +113,18 @@ def test_records_on_and_off_give_the_same_scores(model) -> None:
         assert a.output_ids == b.output_ids
 
 
+def test_a_block_ending_on_a_chunk_s_first_row_is_kept(model) -> None:
+    # Chunks of 7 start at 7 and 35: the last positions of blocks 1 (4..7) and 8 (32..35).
+    # Those rows are scored in the chunk after the one that computed the rest of the block.
+    engine = engine_of(model, max_num_batched_tokens=7)
+    first, second = score(engine, [CONTEXT + [11, 12, 13], CONTEXT + [40, 41]])
+    aligned = len(CONTEXT) // 4 * 4  # 36: nine blocks, every one of them kept
+    assert second.stats.cached_tokens == aligned
+    assert engine.scorer.num_read_positions == aligned - 1
+    assert_matches_dense(engine, CONTEXT + [40, 41], second.prompt_logprobs, 1)
+    engine.check()
+
+
 def test_a_context_cached_without_scores_is_scored_once_then_read(model) -> None:
     engine = engine_of(model)
     engine.generate([CONTEXT + [3]], SamplingParams(2))  # cached, but nothing scored it
@@ -233,6 +245,16 @@ def test_block_scores_find_the_leading_run_and_drop_the_least_recent() -> None:
     store.put(b"c", record(9.0), torch.zeros(3))  # the same tokens again: the record stands
     assert store.read(store.lookup([b"c"]))[0].tolist() == [3.0, 3.0]
     assert store.bytes_per_record == 16 * 2 + 3 * 4 + 16
+
+
+def test_block_scores_put_of_a_held_record_makes_it_the_most_recent() -> None:
+    store = BlockScores(2, 2, 3, torch.device("cpu"), torch.float32)
+    store.put(b"a", record(1.0), torch.ones(3))
+    store.put(b"b", record(2.0), torch.ones(3))
+    store.put(b"a", record(1.0), torch.ones(3))  # scored again: a is now the most recent
+    store.put(b"c", record(3.0), torch.zeros(3))  # so b goes, not a (LRU, not FIFO)
+    assert store.lookup([b"b"]) == [] and len(store.lookup([b"a"])) == 1
+    assert len(store) == 2
 
 
 def test_a_prompt_scoring_refuses_to_hand_out_unscored_positions() -> None:

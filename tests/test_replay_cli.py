@@ -137,6 +137,22 @@ def test_bad_trace_files_exit_2_with_one_line(capsys, tmp_path):
         assert err.count("\n") == 1 and message in err
 
 
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, '{"a": ' * 5000 + "1" + "}" * 5000])
+def test_a_deeply_nested_line_is_a_one_line_error(capsys, tmp_path, monkeypatch, command, value):
+    """A line nested ~5,000 deep gets the loader's ``FILE:LINE`` error and rc 2, not a
+    RecursionError traceback."""
+    monkeypatch.chdir(tmp_path)  # sweep's default CSV would land here
+    path = tmp_path / "deep.jsonl"
+    good = '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}'
+    path.write_text(f"{good}\n{value}\n")
+    args = ["--policy", "lru", "--capacity", 4] if command == "replay" else ["--no-progress"]
+    code, out, err = run_cli(capsys, command, path, *args)
+    assert code == 2 and out == ""
+    assert err == f"radixkv {command}: error: {path}:2: invalid JSON: it nests too deeply\n"
+    assert list(tmp_path.glob("*_sweep.*")) == []
+
+
 def test_sweep_writes_csv_png_and_table(capsys, small_trace, tmp_path):
     csv_path = tmp_path / "out.csv"
     code, out, err = run_cli(

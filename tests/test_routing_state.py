@@ -109,6 +109,67 @@ def test_without_confirmations_a_decision_is_confirmed_when_made() -> None:
     s.check()
 
 
+def test_without_confirmations_a_running_request_outlives_the_pending_ttl() -> None:
+    clock = Clock()
+    s = state(confirmations=False, pending_ttl_s=5.0, clock=clock)
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"  # confirmed when made
+    clock.now = 100.0  # a long generation: far past the TTL for unconfirmed decisions
+    assert s.decide("k2", req([2] * 8, "r2"), ["a", "b"]) == "b"  # sweeps; a is still busy
+    assert (s.in_flight("a"), s.in_flight("b"), s.num_pending) == (1, 1, 0)
+    s.check()
+    assert s.completed("r1", "a") and s.in_flight("a") == 0
+    s.check()
+
+
+def test_the_pending_sweep_runs_at_most_once_a_second_and_ends_only_the_expired() -> None:
+    clock = Clock()
+    s = state(pending_ttl_s=5.0, clock=clock)
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])  # t=0, swept at 0
+    clock.now = 4.5
+    s.decide("k2", req([2] * 8, "r2"), ["a", "b"])  # t=4.5, swept at 4.5
+    clock.now = 5.2  # k1 is 5.2 s old, but the last sweep was 0.7 s ago
+    s.decide("k3", req([3] * 8, "r3"), ["a", "b"])
+    assert s.num_pending == 3
+    clock.now = 9.5  # k1 (9.5 s) expires; k2 is exactly 5 s old: not older than the TTL
+    s.decide("k4", req([4] * 8, "r4"), ["a", "b"])
+    assert s.num_pending == 3 and not s.routed("k1", "a")
+    assert s.routed("k2", "a")  # still standing (a fallback to a, if it was on b)
+    s.check()
+
+
+def test_without_confirmations_a_confirmed_call_asked_again_is_undone_first() -> None:
+    s = state(confirmations=False)
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])
+    assert s.routed("k1", "a")  # a confirmation that never had to come
+    s.decide("k1", req([1] * 8, "r1"), ["a", "b"])  # Serve asks again for the same call
+    assert s.in_flight("a") + s.in_flight("b") == 1
+    s.check()
+
+
+def test_each_ended_decision_gets_one_on_finish() -> None:
+    s = state()
+    finished: list[tuple[Hashable, str]] = []
+    on_finish = s.router.on_finish
+
+    def spy(replica_id: Hashable, request: Any) -> None:
+        finished.append((replica_id, request.request_id))
+        on_finish(replica_id, request)
+
+    s.router.on_finish = spy  # type: ignore[method-assign]
+    assert s.decide("k1", req([1] * 8, "r1"), ["a", "b"]) == "a"
+    s.routed("k1", "b")  # Serve fell back: the policy's count on a ends here
+    assert s.completed("r1", "b")  # the policy never counted it on b: nothing more
+    assert finished == [("a", "r1")]
+    s.check()
+
+
+def test_add_replica_updates_a_known_replica_s_capacity() -> None:
+    s = state()
+    assert s.add_replica("a", 64).capacity_blocks == 64
+    s.add_replica("a", 128)
+    assert s.replicas["a"].capacity_blocks == 128 and len(s.replicas) == 1
+
+
 def test_events_steer_the_exact_policy_and_a_reset_or_drop_forgets_them() -> None:
     s = state("exact")
     prefix = list(range(100, 124))  # 6 blocks

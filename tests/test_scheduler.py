@@ -20,7 +20,7 @@ from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.host import HostTier
 from radixkv.cache.manager import KVCacheManager, make_cache
 from radixkv.engine.request import FinishReason, Request, RequestStatus, SamplingParams
-from radixkv.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from radixkv.engine.scheduler import LPM_MAX_QUEUE, Scheduler, SchedulerConfig, SchedulerOutput
 from radixkv.workloads import ChatWorkload, IdealPrefill
 
 VOCAB = 50
@@ -461,6 +461,75 @@ def test_lpm_admits_a_cold_request_within_lpm_max_wait_steps(bound):
     assert_no_leaks(sched)
 
 
+@pytest.mark.parametrize("bound", [1, 2, 3, 4, 7])
+def test_lpm_promotes_a_starved_request_at_exactly_lpm_max_wait_steps(bound):
+    """The aging boundary, for odd and even bounds: a cold request queued behind a hot
+    request a step (one slot; each hot request finishes in the step that admits it, so the
+    slot is free every step) loses to the hot one in its first ``bound - 1`` schedule calls
+    and is admitted in its ``bound``-th, as lpm_max_wait_steps says."""
+    sched = make_sched("radix", 256, 4, max_num_seqs=1, policy="lpm", lpm_max_wait_steps=bound)
+    d = Driver(sched)
+    hot = np.arange(1, 33)
+    d.run([Request(hot, SamplingParams(max_new_tokens=1))])
+    cold = Request(np.arange(40, 50), SamplingParams(max_new_tokens=1))
+    sched.add_request(cold)
+    ran = []
+    for waited in range(1, bound + 1):
+        sched.add_request(Request(np.concatenate([hot, [waited, 7]]), SamplingParams(1)))
+        out = sched.schedule()
+        ran.append([s.request for s in out.seqs])
+        d.apply(out)
+    assert all(len(r) == 1 and r[0] is not cold for r in ran[:-1])
+    assert ran[-1] == [cold] and cold.output_ids == expected_output(cold.prompt, 1)
+    while sched.has_unfinished():
+        d.step()
+    assert_no_leaks(sched)
+
+
+def test_lpm_ages_a_preempted_request_from_its_return_to_the_queue():
+    """lpm_max_wait_steps counts from a preempted request's re-entry into the queue, not from
+    the start: preempted at step 6 (bound 3), it is not overdue at step 7, so a request with
+    a longer cached prefix goes first."""
+    sched = make_sched("radix", 8, 4, max_num_seqs=2, policy="lpm", lpm_max_wait_steps=3)
+    d = Driver(sched)
+    first = Request(np.arange(1, 17), SamplingParams(8))
+    later = Request(np.arange(30, 36), SamplingParams(6))
+    sched.add_request(first)
+    sched.add_request(later)
+    while sched.num_preemptions == 0:
+        d.step()
+    assert later.status is RequestStatus.WAITING and sched.num_steps == 6
+    warm = Request(np.concatenate([first.prompt, [20, 21]]), SamplingParams(2))
+    sched.add_request(warm)
+    kv = sched.kv_manager
+    assert kv.num_cached_tokens(warm.tokens, None) > kv.num_cached_tokens(later.tokens, None)
+    d.step()
+    assert sched.running == [first, warm] and later.status is RequestStatus.WAITING
+    while sched.has_unfinished():
+        d.step()
+    assert later.output_ids == expected_output(later.prompt, 6)
+    assert_no_leaks(sched)
+
+
+@pytest.mark.parametrize(
+    ("num_waiting", "ranked"), [(LPM_MAX_QUEUE, True), (LPM_MAX_QUEUE + 1, False)]
+)
+def test_lpm_ranks_at_most_lpm_max_queue_waiting_requests(num_waiting, ranked):
+    """Up to LPM_MAX_QUEUE waiting requests lpm admits the warm one (queued last) first; past
+    that it falls back to arrival order (SGLang's rule)."""
+    sched = make_sched("radix", 64, 4, max_num_seqs=1, policy="lpm")
+    d = Driver(sched)
+    hot = np.arange(1, 33)
+    d.run([Request(hot, SamplingParams(max_new_tokens=1))])
+    cold_prompts = [[40, 41, k % VOCAB, k // VOCAB] for k in range(num_waiting - 1)]
+    colds = [Request(p, SamplingParams(1)) for p in cold_prompts]
+    warm = Request(np.concatenate([hot, [5, 6]]), SamplingParams(1))
+    for req in [*colds, warm]:
+        sched.add_request(req)
+    d.step()
+    assert d.finished[-1] is (warm if ranked else colds[0])
+
+
 # ------------------------------------------------------------------ errors
 def test_request_larger_than_the_pool_is_rejected_before_queueing():
     sched = make_sched("radix", 8, 4)
@@ -519,6 +588,18 @@ def test_scheduler_config_validation(kwargs, field):
 def test_sampling_params_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_request_stats_time_the_tokens_after_the_first():
+    """ttft runs from arrival to the first token; decode_tps counts the tokens after the
+    first over the time from the first token to the finish."""
+    req = Request([1, 2, 3], SamplingParams(5))
+    for token in (4, 5, 6, 7, 8):
+        req.append_token(token)
+    req.arrival_time, req.first_token_time, req.finish_time = 1.0, 1.5, 3.5
+    s = req.stats()
+    assert (s.ttft, s.decode_tps, s.latency) == (0.5, 2.0, 2.5)
+    assert (s.output_tokens, s.finish_reason) == (5, "length")
 
 
 def test_stop_token_finishes_early_and_is_kept():

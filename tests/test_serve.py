@@ -8,6 +8,7 @@ checks replies against ``Engine.generate`` on the same weights. Waits are bounde
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import json
 import math
@@ -28,8 +29,10 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from cache_helpers import VLLM_SHA256_CBOR_HASHES  # noqa: E402
 from serve_helpers import TINY_CONFIG, Server, served_engine, tiny_engine, wait_idle  # noqa: E402
 
+from radixkv.cache.events import BlockStored  # noqa: E402
 from radixkv.cli import main as cli_main  # noqa: E402
 from radixkv.engine import Engine, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
@@ -623,6 +626,26 @@ def test_build_engine_random_with_events() -> None:
     assert len(c.output_ids) == 2 and engine.cache.take_events()
     with pytest.raises(ValueError, match="block_size"):
         build_engine("random", block_size=0)
+
+
+@pytest.mark.parametrize("pythonhashseed", VLLM_SHA256_CBOR_HASHES)
+def test_a_served_engine_publishes_the_block_hashes_vllm_computes(monkeypatch, pythonhashseed):
+    """The KV events of ``build_engine(events=True)`` (``radixkv serve --kv-events``) carry
+    the hashes a vLLM server in the same environment computes, so an indexer that recomputes
+    a request's hashes from its tokens (llm-d's) finds radixkv's blocks."""
+    pytest.importorskip("cbor2")
+    if pythonhashseed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", pythonhashseed)
+    model = random_model(dataclasses.replace(CFG, vocab_size=1040), seed=0)
+    engine = build_engine((model, ByteTokenizer()), block_size=16, num_blocks=16, events=True)
+    params = SamplingParams(max_new_tokens=1, logit_bias=((65, 100.0),))  # a byte: "A"
+    engine.generate([list(range(1000, 1032))], params)
+    engine.generate([list(range(1000, 1016)) + [1]], params, namespace="tenant-x")
+    stored = [e.block_hashes for e in engine.cache.take_events() if isinstance(e, BlockStored)]
+    blocks, salted = VLLM_SHA256_CBOR_HASHES[pythonhashseed]
+    assert stored == [blocks, [salted]]
 
 
 def test_build_engine_runs_the_dtype_backend_and_graphs_it_is_given() -> None:

@@ -325,6 +325,27 @@ def test_ray_prefix_router_is_wired_with_the_prompt_as_text() -> None:
     assert other._bound_deployment.init_kwargs["send_prompt_text"] is False
 
 
+@pytest.mark.parametrize("router", ["exact", "serve"])
+def test_every_replica_gets_the_driver_s_hash_seed(monkeypatch, router: str) -> None:
+    """The chain hash's seed follows vLLM's rule where the app is built, and goes to every
+    replica explicitly (a Ray worker's environment need not be the driver's) and to the
+    router: all name a block as a vLLM server in the driver's environment would."""
+    pytest.importorskip("torch")
+    from radixkv.serve.ray.fleet import build_fleet_app
+
+    for env, seed in [("7", "7"), (None, "vllm-none-hash")]:
+        if env is None:
+            monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONHASHSEED", env)
+        engine = build_fleet_app("random", replicas=2, router=router)._bound_deployment
+        replicas = engine.init_args[0]._bound_deployment
+        assert replicas.init_kwargs["hash_seed"] == seed
+        if router == "exact":
+            config = replicas._deployment_config.request_router_config
+            assert config.request_router_kwargs["hash_seed"] == seed
+
+
 class StandInHandle:
     """What ``collect_stats`` uses of the engine deployment's handle: ``broadcast("stats")``
     answering ``results`` (or raising ``fails`` as a whole)."""

@@ -37,12 +37,14 @@ from serve_helpers import TIMEOUT, TINY_CONFIG, Server, check_engine, spawn_serv
 from radixkv.cache.hashing import ChainHasher  # noqa: E402
 from radixkv.engine import Engine, EngineConfig  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
+from radixkv.serve import protocol  # noqa: E402
 from radixkv.serve.app import build_app, default_max_body_bytes  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
 from radixkv.serve.errors import install_error_handlers  # noqa: E402
 from radixkv.serve.protocol import (  # noqa: E402
     MAX_STOP,
     MAX_STOP_LEN,
+    MAX_TOKEN_IDS,
     CompletionRequest,
     namespace_of,
 )
@@ -430,6 +432,64 @@ def test_a_tiny_temperature_is_greedy_not_a_failed_step(served) -> None:
         assert status == 200, reply
         assert reply["choices"][0]["text"] == greedy["choices"][0]["text"]
     assert ae.metrics().failed_steps == before
+
+
+FLOAT32_OUTSIDE = [
+    ({"repetition_penalty": 1e-40}, "repetition_penalty"),
+    ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+    ({"repetition_penalty": 1e39}, "repetition_penalty"),
+    ({"presence_penalty": 1e-40}, "presence_penalty"),
+    ({"frequency_penalty": -1e-300}, "frequency_penalty"),
+    ({"logit_bias": {"5": 1e-40}}, "logit_bias"),
+]
+
+
+@pytest.mark.parametrize(("extra", "param"), FLOAT32_OUTSIDE)
+def test_a_float_the_devices_float32_cannot_hold_is_a_400_naming_it(served, extra, param) -> None:
+    """The issue's example: a repetition penalty of 1e-40 or 1e-300 was accepted, became 0 on
+    the device, and a sampled request returned one near-impossible token. The engine's
+    SamplingParams refuses a penalty or bias float32 cannot hold (0 or a magnitude in its
+    normal range pass); the server answers its ValueError as a 400 naming the field,
+    before the engine runs it."""
+    server, ae, _ = served
+    wait_idle(ae)
+    before = ae.metrics().requests_finished
+    body = {"prompt": "hi", "max_tokens": 4, "temperature": 1.0, **extra}
+    status, data, _ = server.request("POST", "/v1/completions", body=body)
+    err = assert_openai_error(status, data, 400, param)
+    assert "that float32 holds" in err["message"], err
+    status, data, _ = server.request("POST", "/v1/chat/completions", body={**chat("hi"), **extra})
+    assert_openai_error(status, data, 400, param)
+    wait_idle(ae)
+    assert ae.metrics().requests_finished == before
+
+
+def test_token_id_lists_are_capped_with_a_400_naming_them(served, monkeypatch) -> None:
+    """``logit_bias`` and ``stop_token_ids`` hold at most MAX_TOKEN_IDS entries (one per token
+    of the largest vocabularies); one more is a 400 naming the field. (``logit_bias`` is
+    checked against a lower cap: 2**18 entries take seconds to encode and parse here.)"""
+    server, ae, _ = served
+    wait_idle(ae)
+    before = ae.metrics().requests_finished
+    for field, cap in (("stop_token_ids", MAX_TOKEN_IDS), ("logit_bias", 1000)):
+        monkeypatch.setattr(protocol, "MAX_TOKEN_IDS", cap)
+        ids = range(cap + 1)
+        value = list(ids) if field == "stop_token_ids" else {str(t): 0 for t in ids}
+        body = {"prompt": "hi", "max_tokens": 2, field: value}
+        status, data, _ = server.request("POST", "/v1/completions", body=body)
+        err = assert_openai_error(status, data, 400, field)
+        assert err["message"].startswith(f"{field}: at most {cap} "), err
+        assert err["message"].endswith(f"got {cap + 1}"), err
+    wait_idle(ae)
+    assert ae.metrics().requests_finished == before
+    # a bias and a stop for every token but one, with n forks: the one token until min_tokens
+    vocab = ae.engine.model.config.vocab_size
+    body = {"prompt": "hi", "max_tokens": 3, "n": 4, "temperature": 1.0, "min_tokens": 2,
+            "logit_bias": {str(t): 0 for t in range(vocab)}, "return_token_ids": True,
+            "stop_token_ids": [t for t in range(vocab) if t != 97]}  # fmt: skip
+    status, reply = server.post("/v1/completions", body)
+    assert status == 200, reply
+    assert all(c["token_ids"][:2] == [97, 97] for c in reply["choices"]), reply
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_read(model) -> None:

@@ -474,6 +474,62 @@ def test_prompt_logprobs_in_vllms_shape(model, server) -> None:
         assert ranks[: len(entry) - 1] == list(range(1, len(entry)))[: len(ranks)]
 
 
+def check_prompt_logprobs(model, prompt: list[int], entries: list) -> None:
+    """``entries`` are vLLM's ``prompt_logprobs`` of ``prompt``: the model's own."""
+    assert entries[0] is None and len(entries) == len(prompt)
+    dense = dense_logprobs(model, prompt)
+    for j in range(1, len(prompt)):
+        actual = entries[j][str(prompt[j])]
+        assert actual["logprob"] == pytest.approx(float(dense[j - 1, prompt[j]]), abs=1e-4)
+        assert actual["rank"] == 1 + int((dense[j - 1] > dense[j - 1, prompt[j]]).sum())
+
+
+def test_chat_prompt_logprobs_come_beside_usage_as_vllm_puts_them(model, served) -> None:
+    """The issue's example: chat with prompt_logprobs answered 200 without them. They are
+    the response's (vLLM's place: every choice has the same prompt), and a 400 naming them
+    with stream (vLLM's rule: a chat chunk has no place for them)."""
+    server, ae = served
+    body = {"messages": CHAT, "max_tokens": 2, "prompt_logprobs": 2, "n": 2}
+    reply = ok(server, "/v1/chat/completions", body)
+    prompt = TOK.apply_chat_template(CHAT)
+    assert reply["usage"]["prompt_tokens"] == len(prompt)
+    check_prompt_logprobs(model, prompt, reply["prompt_logprobs"])
+    assert all(len(e) <= 3 for e in reply["prompt_logprobs"][1:])  # 2 likeliest + the token
+    assert all("prompt_logprobs" not in c for c in reply["choices"])
+    assert "prompt_logprobs" not in ok(server, "/v1/chat/completions", {**body, "n": 1,
+                                                                      "prompt_logprobs": None})
+    wait_idle(ae)
+    before = ae.metrics().requests_finished
+    message = error(server, "/v1/chat/completions", {**body, "stream": True}, "prompt_logprobs")
+    assert message.startswith("prompt_logprobs are not available with stream: true in chat")
+    wait_idle(ae)
+    assert ae.metrics().requests_finished == before
+
+
+def test_truncate_prompt_tokens_keeps_the_last_k_and_refuses_0(model, served) -> None:
+    """The issue's example: ``truncate_prompt_tokens: 0`` kept the whole prompt (``ids[-0:]``).
+    k >= 1 keeps the last k tokens and -1 as many as the model takes, as in vLLM; 0 is a
+    400 naming the field (vLLM's SamplingParams refuses it too)."""
+    server, ae = served
+    prompt = list(range(10, 30))
+    body = {"prompt": prompt, "max_tokens": 3, "temperature": 0, "return_token_ids": True}
+    for k, kept in ((5, prompt[-5:]), (1, prompt[-1:]), (-1, prompt), (100, prompt)):
+        reply = ok(server, "/v1/completions", {**body, "truncate_prompt_tokens": k})
+        assert reply["usage"]["prompt_tokens"] == len(kept), k
+        assert reply["choices"][0]["token_ids"] == reference(model, kept, 3), k
+    wait_idle(ae)
+    before = ae.metrics().requests_finished
+    for path, base in (("/v1/completions", body), ("/v1/chat/completions", {"messages": CHAT})):
+        field = "truncate_prompt_tokens"
+        message = error(server, path, {**base, field: 0}, field)
+        assert message == (
+            "truncate_prompt_tokens: must be -1 (as many tokens as the model takes) or at "
+            "least 1 (keep the prompt's last k tokens), got 0"
+        )
+    wait_idle(ae)
+    assert ae.metrics().requests_finished == before
+
+
 def test_return_tokens_as_token_ids(server) -> None:
     body = {"prompt": "ids", "max_tokens": 3, "logprobs": 1, "return_tokens_as_token_ids": True,
             "return_token_ids": True, "ignore_eos": True}  # fmt: skip
@@ -546,6 +602,29 @@ def test_chat_template_kwargs_reach_the_template(templated) -> None:
     # a variable the template does not read changes nothing, as in vLLM
     unread = {"messages": CHAT, "chat_template_kwargs": {"unread": [1, {"a": None}]}}
     assert ok(server, "/tokenize", unread)["tokens"] == plain
+
+
+def test_reasoning_effort_is_a_template_variable_as_in_vllm(templated, served) -> None:
+    """The issue's example: ``reasoning_effort`` was refused, where vLLM takes it for any model
+    and passes it to the chat template. A template that reads it renders it; one that does
+    not (ChatML in ids) renders as without it; a value outside OpenAI's and vLLM's, or the
+    variable sent twice, is a 400 naming it."""
+    server, tok = templated
+    plain = ok(server, "/tokenize", {"messages": CHAT})["tokens"]
+    body = {"messages": CHAT, "max_tokens": 2, "temperature": 0, "reasoning_effort": "low"}
+    reply = ok(server, "/v1/chat/completions", body)
+    want = render_chat(tok, CHAT, variables={"reasoning_effort": "low"})
+    assert want != plain and "Reasoning: low" in tok.tokenizer.decode(want)
+    assert reply["usage"]["prompt_tokens"] == len(want)
+    chatml, _ = served
+    got = ok(chatml, "/v1/chat/completions", {**body, "reasoning_effort": "none"})
+    assert got["usage"]["prompt_tokens"] == len(TOK.apply_chat_template(CHAT))
+    message = error(chatml, "/v1/chat/completions", {**body, "reasoning_effort": "huge"},
+                    "reasoning_effort")  # fmt: skip
+    assert message.startswith("reasoning_effort: Input should be 'none', 'minimal', 'low'")
+    twice = {**body, "chat_template_kwargs": {"reasoning_effort": "high"}}
+    message = error(chatml, "/v1/chat/completions", twice, "reasoning_effort")
+    assert message.endswith("send it once")
 
 
 def test_chat_template_kwargs_change_nothing_for_chatml_in_ids(served) -> None:
@@ -724,6 +803,32 @@ def test_max_model_len_is_the_models_context(model) -> None:
         build_app(AsyncEngine(make_engine(model)), model_name=MODEL, max_model_len=0)
 
 
+@pytest.mark.parametrize(("context", "engine_limit"), [(None, None), (4096, None), (None, 40)])
+def test_the_advertised_max_model_len_is_what_a_request_gets(model, context, engine_limit):
+    """``/v1/models``' ``max_model_len`` is the largest prompt plus ``max_tokens`` that gets a
+    200, and one more token is a 400: a pool of 16 blocks of 4 advertised 64 (or the context,
+    4096, past the pool) but took 65."""
+    limited = {} if engine_limit is None else {"max_model_len": engine_limit}
+    engine = make_engine(model, num_blocks=16, **limited)
+    with Server(build_app(AsyncEngine(engine), model_name=MODEL, max_model_len=context)) as srv:
+        limit = json.loads(srv.request("GET", "/v1/models")[1])["data"][0]["max_model_len"]
+        assert limit == (engine_limit or 16 * 4)
+        assert ok(srv, "/tokenize", {"prompt": "a"})["max_model_len"] == limit
+        for prompt_len in (1, limit // 2, limit - 1):
+            body = {"prompt": [1] * prompt_len, "max_tokens": limit - prompt_len,
+                    "ignore_eos": True}  # fmt: skip
+            reply = ok(srv, "/v1/completions", body)
+            assert reply["usage"]["completion_tokens"] == limit - prompt_len
+            body["max_tokens"] += 1
+            assert "max_tokens" in error(srv, "/v1/completions", body, "max_tokens")
+        assert error(srv, "/v1/completions", {"prompt": [1] * limit}, "prompt")
+
+
+def test_an_engine_refuses_a_max_model_len_its_pool_cannot_hold(model) -> None:
+    with pytest.raises(ValueError, match=r"max_model_len=65 is more than the 64 tokens the KV"):
+        make_engine(model, num_blocks=16, max_model_len=65)
+
+
 def test_context_length_comes_from_the_models_metadata(tmp_path: Path) -> None:
     assert context_length("random") is None
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
@@ -847,7 +952,7 @@ class ScriptedClient:
     max_model_len = 1024
 
     def max_new_tokens(self, prompt_len: int) -> int:
-        return self.max_model_len - prompt_len + 1
+        return max(0, self.max_model_len - prompt_len)
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, namespace: Any, *, cap_to_pool=False
@@ -904,6 +1009,79 @@ def test_the_handlers_record_a_fleet_s_requests_beside_its_replicas(prefix: str)
     # the engine's metrics: once per replica
     assert samples[f"{p}request_finished_total{{replica=r1}}"] == 3
     assert samples[f"{p}request_finished_total{{replica=r2}}"] == 1
+
+
+# Every series each engine's own Grafana dashboard queries, as its JSON reads them:
+# vllm-project/vllm examples/online_serving/prometheus_grafana/grafana.json (the version
+# whose cache panel reads kv_cache_usage_perc, vLLM V1's name), and sgl-project/sglang
+# examples/monitoring/grafana/dashboards/json/sglang-dashboard.json.
+VLLM_DASHBOARD = (
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_per_output_token_seconds_bucket",
+    "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:kv_cache_usage_perc",
+    "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket",
+    "vllm:request_success_total",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_decode_time_seconds_sum",
+    "vllm:request_max_num_generation_tokens_sum",
+)
+SGLANG_DASHBOARD = (
+    "sglang:e2e_request_latency_seconds_bucket",
+    "sglang:e2e_request_latency_seconds_sum",
+    "sglang:e2e_request_latency_seconds_count",
+    "sglang:time_to_first_token_seconds_bucket",
+    "sglang:time_to_first_token_seconds_sum",
+    "sglang:time_to_first_token_seconds_count",
+    "sglang:num_running_reqs",
+    "sglang:gen_throughput",
+    "sglang:cache_hit_rate",
+    "sglang:num_queue_reqs",
+)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "dashboard"), [("vllm", VLLM_DASHBOARD), ("sglang", SGLANG_DASHBOARD)]
+)
+def test_each_engines_dashboard_reads_every_series_it_queries(prefix, dashboard) -> None:
+    """``--metrics-prefix vllm`` / ``sglang`` serve every series that engine's dashboard
+    reads; ``request_max_num_generation_tokens`` is observed once per prompt, the longest of
+    its ``n`` outputs (vLLM's parallel-sampling parent)."""
+    metrics = ServerMetrics(MODEL, prefix, max_model_len=1024)
+    api = OpenAIHandlers(ScriptedClient(), MODEL, metrics=metrics.requests)
+
+    async def run() -> None:
+        for body in ({"prompt": "ab", "max_tokens": 3}, {"prompt": "abc", "max_tokens": 2, "n": 2},
+                     {"prompt": ["a", "b"], "max_tokens": 4}):  # fmt: skip
+            await api.completions(CompletionRequest.model_validate(body))
+
+    asyncio.run(run())
+    text = metrics.render(engine_snapshot(4))
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert [name for name in dashboard if name not in samples] == []
+    assert all(name.startswith(f"{prefix}:") for name in samples)
+    assert samples[f"{prefix}:cache_hit_rate"] == 4 / 10
+    if prefix == "vllm":
+        assert samples["vllm:request_max_num_generation_tokens_count"] == 4  # prompts
+        assert samples["vllm:request_max_num_generation_tokens_sum"] == 3 + 2 + 4 + 4
+        assert samples["vllm:request_generation_tokens_count"] == 5  # choices
+    else:  # the series both engines define carry SGLang's names only
+        assert samples["sglang:queue_time_seconds_count"] == 5
+        assert samples["sglang:num_requests_total"] == 4
+        assert "sglang:num_requests_running" not in samples
+        assert "sglang:request_queue_time_seconds_count" not in samples
 
 
 def test_host_tier_counters(model) -> None:

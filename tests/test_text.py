@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 from test_torch_free import run_blocked
 
+from radixkv.text.stream import TextStream
 from radixkv.text.tokenizer import (
     RESERVED_VARIABLES,
     ByteTokenizer,
@@ -154,10 +157,13 @@ def test_extend_chat_refuses_a_template_that_rewrites_earlier_turns() -> None:
 
 
 # ------------------------------------------------------------------ template variables
-# Qwen3's switch (an empty thinking block when thinking is off) and a custom variable
+# Qwen3's switch (an empty thinking block when thinking is off), a custom variable and
+# gpt-oss's reasoning_effort (which chat's field of that name sets)
 VARIABLES_TEMPLATE = (
     "{% if greeting is defined %}{{ '<|im_start|>system\n' + greeting + '<|im_end|>\n' }}"
     "{% endif %}"
+    "{% if reasoning_effort is defined %}"
+    "{{ '<|im_start|>system\nReasoning: ' + reasoning_effort + '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
@@ -381,6 +387,58 @@ def test_template_chat_turns_extend_each_other_through_the_template() -> None:
     assert chat.messages(1, 1)[0]["content"] == chat.text.system_text(wl.group(1))
     with pytest.raises(ValueError, match="need 3 histories, got 1"):
         chat.turn_prompts(1, histories[:1])
+
+
+# ------------------------------------------------------------------ stop strings and min_tokens
+def _byte_text(ids: Sequence[int]) -> str:
+    return bytes(ids).decode(errors="replace")
+
+
+def _stream_text(ids: list[int], sizes: Sequence[int], stop: list[str], min_tokens: int):
+    """The text and ``stopped`` of a TextStream pushed ``ids``, ``sizes[k]`` new ids a push."""
+    stream = TextStream(_byte_text, stop=stop, min_tokens=min_tokens)
+    n, sent = 0, ""
+    for size in sizes:
+        n += size
+        sent += stream.push(ids[:n], n == len(ids))
+    assert sent == stream.text
+    return stream.text, stream.stopped
+
+
+@pytest.mark.parametrize("at", range(1, 8))
+def test_a_stop_string_ends_the_text_once_min_tokens_exist(at: int) -> None:
+    """One token a push (one engine step each): a stop string the ``at``-th token completes
+    is text while fewer than ``min_tokens`` (4) tokens exist and ends the text from the
+    4th on (vLLM's rule: a stop is checked once the output holds ``min_tokens`` tokens). The
+    same for a stop string spread over the token before and the ``at``-th."""
+    ids = list(b"abcdefgh")
+    ids[at - 1] = ord("!")
+    text, stopped = _stream_text(ids, [1] * len(ids), ["!"], min_tokens=4)
+    want = (_byte_text(ids[: at - 1]), True) if at >= 4 else (_byte_text(ids), False)
+    assert (text, stopped) == want
+    if at >= 2:
+        ids[at - 2 : at] = b"<>"
+        text, stopped = _stream_text(ids, [1] * len(ids), ["<>"], min_tokens=4)
+        want = (_byte_text(ids[: at - 2]), True) if at >= 4 else (_byte_text(ids), False)
+        assert (text, stopped) == want
+
+
+def test_min_tokens_holds_however_many_tokens_a_push_brings() -> None:
+    """A slow consumer gets several tokens in one output (``RequestOutput.new_token_ids``):
+    the text must not depend on how they were grouped. Here the stop string completed by
+    token 3 comes before ``min_tokens`` (4) and is text; the one token 6 completes ends the
+    reply, for every grouping of the 8 tokens into pushes (a push that brought tokens 1-6
+    at once used to stop at token 3's)."""
+    ids = list(b"ab!cd!ef")
+    for cuts in itertools.product((False, True), repeat=len(ids) - 1):
+        sizes, size = [], 1
+        for cut in cuts:
+            if cut:
+                sizes.append(size)
+                size = 0
+            size += 1
+        sizes.append(size)
+        assert _stream_text(ids, sizes, ["!"], min_tokens=4) == ("ab!cd", True), sizes
 
 
 # ------------------------------------------------------------------ old paths

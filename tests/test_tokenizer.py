@@ -18,6 +18,10 @@ CHATML = (
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+CHATML_TEXT = (  # CHATML's rendering of one user message, with the generation prompt
+    "<|im_start|>system\nYou are helpful<|im_end|>\n"
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
     "Prefix caching saves prefill work: 12345 tokens, 678 blocks!",
@@ -55,7 +59,13 @@ def train_reference():
 
 
 def write_tokenizer_gguf(
-    tok, path: Path, pre: str = "smollm", template: str | None = CHATML, extra_merges=()
+    tok,
+    path: Path,
+    pre: str = "smollm",
+    template: str | None = CHATML,
+    extra_merges=(),
+    bos: str = "<|im_start|>",
+    add_bos: bool = False,
 ):
     import json
 
@@ -72,9 +82,9 @@ def write_tokenizer_gguf(
     w.add_token_list(tokens)
     w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
     w.add_token_merges(merges)
-    w.add_bos_token_id(vocab["<|im_start|>"])
+    w.add_bos_token_id(vocab[bos])
     w.add_eos_token_id(vocab["<|im_end|>"])
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(add_bos)
     if template is not None:
         w.add_chat_template(template)
     w.write_header_to_file()
@@ -133,6 +143,25 @@ def test_chat_template_renders_the_files_template(pair) -> None:
     assert ours.apply_chat_template(sys_first, add_generation_prompt=False).startswith(
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user"
     )
+
+
+@pytest.mark.parametrize("writes_bos", [True, False])
+@pytest.mark.parametrize("in_content", [False, True])
+def test_a_file_asking_for_bos_gets_exactly_one(tmp_path: Path, writes_bos, in_content) -> None:
+    """``add_bos_token`` true: a text prompt starts with BOS, and a chat prompt with exactly
+    one, whether the template writes it (Llama's ``{{ bos_token }}``) or not."""
+    ref = train_reference()
+    template = "{{ bos_token }}" + CHATML if writes_bos else CHATML
+    path = tmp_path / "bos.gguf"
+    write_tokenizer_gguf(ref, path, template=template, bos="<|endoftext|>", add_bos=True)
+    tok = load_gguf_tokenizer(path)
+    bos = tok.bos_token_id
+    assert tok.add_bos_token and bos == ref.token_to_id("<|endoftext|>")
+    assert tok.encode("hi") == [bos, *ref.encode("hi").ids]
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    ids = tok.apply_chat_template(msgs, tokenize=True, special_tokens_in_content=in_content)
+    body = ref.encode(CHATML_TEXT).ids  # the template's text after any BOS it writes
+    assert ids == [bos, *body]
 
 
 def test_missing_template_and_wrong_model_rejected(tmp_path: Path) -> None:

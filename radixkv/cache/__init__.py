@@ -5,8 +5,12 @@
   :mod:`radixkv.errors`'s (re-exported here and from the allocator);
 - :mod:`~radixkv.cache.prefix_cache`: ``PrefixCache``, the surface every cache offers;
 - :mod:`~radixkv.cache.radix`: ``RadixCache``, the radix tree, with its eviction
-  orders in :mod:`~radixkv.cache.eviction`, its host tier in
-  :mod:`~radixkv.cache.host_copies` and its events in :mod:`~radixkv.cache.tree_events`;
+  orders in :mod:`~radixkv.cache.eviction`, its events in
+  :mod:`~radixkv.cache.tree_events`, its pins in :mod:`~radixkv.cache.pins` and its
+  inspection in :mod:`~radixkv.cache.inspection`;
+- :mod:`~radixkv.cache.tiered`: ``TieredRadixCache``, the tree with tiers below the
+  device (``RadixCache(..., host=HostTier(...))`` builds one; the tier's pool and
+  policy are :mod:`~radixkv.cache.host`'s);
 - :mod:`~radixkv.cache.hashcache`: ``HashBlockCache``, vLLM-style chained block
   hashes;
 - :mod:`~radixkv.cache.hashing`: every chained-hash recipe and the one namespace
@@ -29,6 +33,7 @@ from radixkv.cache.placement import Placement, place_prompt
 from radixkv.cache.prefix_cache import PrefixCache
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats, MatchResult
+from radixkv.cache.tiered import TieredRadixCache
 from radixkv.errors import InvariantError
 
 __all__ = [
@@ -44,6 +49,7 @@ __all__ = [
     "Placement",
     "PrefixCache",
     "RadixCache",
+    "TieredRadixCache",
     "make_cache",
     "place_prompt",
 ]

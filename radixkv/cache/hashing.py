@@ -16,11 +16,12 @@ every hash after it: chains of different namespaces never meet.
 
 **Recipes.** :class:`ChainHasher` is the KV-events family, what a replica
 publishes and a router computes (:func:`chain_hashes` gives a prompt's wire
-hashes fast):
+hashes fast); :func:`vllm_hash_seed` is the seed vLLM's servers root them at:
 
 - ``"sha256_cbor"``: vLLM's recipe, ``sha256(cbor2.dumps((parent,
   tuple(tokens), extra_keys), canonical=True))``; the first parent is the same
-  hash of the seed. On the wire a hash is its digest's low 64 bits. Needs ``cbor2``.
+  hash of the seed's text (``str(seed)``), as vLLM hashes ``PYTHONHASHSEED``'s.
+  On the wire a hash is its digest's low 64 bits. Needs ``cbor2``.
 - ``"xxhash"``: xxh3-64 of the block's int32 tokens (and, for the first block,
   ``namespace_bytes``) seeded with the parent's 64 bits: much cheaper, for
   radixkv-to-radixkv fleets.
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -61,9 +62,11 @@ __all__ = [
     "BlockNamer",
     "ChainHasher",
     "Digest",
+    "VLLM_NONE_HASH_SEED",
     "chain_hashes",
     "namespace_bytes",
     "namespace_extra_keys",
+    "vllm_hash_seed",
 ]
 
 CHAIN_HASHES = ("sha256_cbor", "xxhash")
@@ -73,6 +76,7 @@ Digest = bytes  # a ChainHasher digest (32 bytes for sha256_cbor, 8 for xxhash)
 BlockName = Hashable  # bytes for every recipe but builtin (an int) and a callable's
 NameFn = Callable[[Any, bytes, Any], Any]  # (parent, block bytes, extra) -> name
 
+VLLM_NONE_HASH_SEED = "vllm-none-hash"  # vLLM's seed when PYTHONHASHSEED is unset
 _SEED_TAG = b"radixkv/block-hash-seed\x00"
 _WIRE = np.dtype(">u8")  # a wire hash: 8 bytes, big-endian
 _BLOCK_TYPES: dict[int, np.dtype] = {}  # block_size -> a void dtype of one block of int32 tokens
@@ -152,6 +156,21 @@ class BlockNamer(Protocol):
 
 
 # ------------------------------------------------------------ KV-event hashes
+def vllm_hash_seed(environ: Mapping[str, str] | None = None) -> str:
+    """The seed a vLLM (0.33) server roots its ``sha256_cbor`` block hashes at.
+
+    ``PYTHONHASHSEED``'s text when it is set in ``environ`` (``os.environ`` by
+    default; an empty value counts as set, as vLLM reads it), else
+    :data:`VLLM_NONE_HASH_SEED`. ``ChainHasher("sha256_cbor", seed=vllm_hash_seed())``
+    names every block as a vLLM server in the same environment does, so an indexer
+    that recomputes a request's hashes from its tokens finds them. Complexity: O(1).
+
+    >>> vllm_hash_seed({}), vllm_hash_seed({"PYTHONHASHSEED": "0"})
+    ('vllm-none-hash', '0')
+    """
+    return (os.environ if environ is None else environ).get("PYTHONHASHSEED", VLLM_NONE_HASH_SEED)
+
+
 def _xxh64_name(parent: Digest, block: bytes, keys: tuple[Any, ...] | None) -> Digest:
     if keys is not None:  # the first block: namespace_bytes follows the tokens
         block += repr(keys).encode()
@@ -170,7 +189,10 @@ def _sha256_cbor_namer(dumps: Callable[..., bytes]) -> NameFn:
 class ChainHasher:
     """Chained block hashes for events and routing, for one recipe and seed.
 
-    ``root`` is the parent digest of every first block. :meth:`hashes` gives
+    ``root`` is the parent digest of every first block: for ``sha256_cbor`` the
+    recipe's hash of ``str(seed)``, as vLLM hashes ``PYTHONHASHSEED`` (an int seed
+    ``n`` and the string ``str(n)`` are the same root; :func:`vllm_hash_seed` is a
+    vLLM server's seed), for ``xxhash`` xxh3-64 of ``repr(seed)``. :meth:`hashes` gives
     the digests of a run of full blocks; :meth:`wire` the 64-bit int an event
     carries; :meth:`check_namespace` refuses a namespace the recipe cannot
     encode. A :class:`BlockNamer` too (``HashBlockCache`` names its blocks with
@@ -206,7 +228,8 @@ class ChainHasher:
                 msg = "the sha256_cbor chain hash needs cbor2 (pip install cbor2)"
                 raise ImportError(msg) from exc
             self._cbor = cbor2.dumps
-            self.root = hashlib.sha256(self._cbor(seed, canonical=True)).digest()
+            # vLLM hashes the seed as text (PYTHONHASHSEED's value): 0 and "0" are one root.
+            self.root = hashlib.sha256(self._cbor(str(seed), canonical=True)).digest()
             self.block_name: NameFn = _sha256_cbor_namer(self._cbor)
             self.verifies_tokens = False  # 256-bit digests
         else:

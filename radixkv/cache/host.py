@@ -5,7 +5,7 @@ pool; its blocks index a host ``KVPool`` of the same per-layer layout), a
 ``BlockCopier`` that moves KV between the two pools, and the write policy.
 ``RadixCache(allocator, host=HostTier(...))`` keeps the host copies in the
 tree's nodes, as SGLang's HiRadixCache does: a node holds device blocks, host
-blocks, or both (``radixkv.cache.host_copies`` is the tree's side of the tier).
+blocks, or both (``radixkv.cache.tiered.TieredRadixCache`` is the tree's side of the tier).
 
 - **Write policy.** ``"write_back"`` (the default) copies a node to host when
   the device evicts it; ``"write_through"`` copies it as soon as it has been

@@ -59,7 +59,12 @@ from radixkv.cache.hashcache import HashBlockCache
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
 from radixkv.cache.null import NullCache
-from radixkv.cache.prefix_cache import PrefixCache, check_namespace, check_num_blocks
+from radixkv.cache.prefix_cache import (
+    LoadingCache,
+    PrefixCache,
+    check_namespace,
+    check_num_blocks,
+)
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import MatchResult
 from radixkv.checks import check_bool, check_int
@@ -69,7 +74,7 @@ __all__ = ["CACHE_KINDS", "KVCacheManager", "make_cache"]
 
 
 class _Lookup(Protocol):
-    """How the manager finds a cached prefix: the host tier's collaborator."""
+    """How the manager finds a cached prefix: ``match``, or ``load`` for a ``LoadingCache``."""
 
     def find(self, tokens: TokenSeq, namespace: Hashable) -> MatchResult:
         """The cached prefix, as ``PrefixCache.match`` (one reference per block to the caller)."""
@@ -81,7 +86,7 @@ class _Lookup(Protocol):
 
 
 class _DeviceLookup:
-    """A cache with no host tier: the prefix is what ``match`` finds, and nothing loads."""
+    """A cache with no ``load`` (hash, null): the prefix is what ``match`` finds, nothing loads."""
 
     __slots__ = ("find",)
 
@@ -92,15 +97,15 @@ class _DeviceLookup:
         return self.find(tokens, namespace), 0
 
 
-class _HostLookup:
-    """A ``RadixCache`` with a host tier: ``load`` brings the host-only part of the prefix back.
+class _LoadingLookup:
+    """A ``LoadingCache``: ``load`` brings the part of the prefix held below the device back.
 
     The blocks it loaded are the last of the result (``MatchResult.loaded_num_tokens``).
     """
 
     __slots__ = ("_block_size", "find")
 
-    def __init__(self, cache: RadixCache) -> None:
+    def __init__(self, cache: LoadingCache) -> None:
         self.find = cache.load
         self._block_size = cache.block_size
 
@@ -110,9 +115,10 @@ class _HostLookup:
 
 
 def _lookup_for(cache: PrefixCache) -> _Lookup:
-    """The lookup for ``cache``: loading only where it has a host tier (``RadixCache.host``)."""
-    if isinstance(cache, RadixCache) and cache.host is not None:
-        return _HostLookup(cache)
+    """The lookup for ``cache``: through ``load`` where it has one (a ``LoadingCache``: the
+    radix tree, which loads from the tiers below the device when it has any), else ``match``."""
+    if isinstance(cache, LoadingCache):
+        return _LoadingLookup(cache)
     return _DeviceLookup(cache)
 
 
@@ -166,8 +172,9 @@ class KVCacheManager:
     Requests are named by any hashable ``request_id``; one
     id is one request until it is freed. Pass a
     :class:`~radixkv.cache.null.NullCache` to serve without caching. With a
-    ``RadixCache`` that has a host tier, lookups load the host-resident part of
-    a prefix back (``RadixCache.load``).
+    cache that has tiers below the device (a ``LoadingCache``, such as a
+    ``RadixCache`` built with a host tier), lookups load the part of a prefix
+    held below the device back (``load``).
     """
 
     def __init__(self, cache: PrefixCache) -> None:
@@ -253,7 +260,7 @@ class KVCacheManager:
         Matches at most ``len(tokens) - 1`` tokens, block-aligned. The manager
         takes one reference on each matched block for the request. Returns the
         number of cached tokens (the request's first computed position). Counts
-        one query in the cache's stats. With a host tier (``RadixCache.load``),
+        one query in the cache's stats. With a host tier (``TieredRadixCache.load``),
         the host-resident part of the prefix is copied back to the device first
         and counts as cached: the scheduler budgets only what is left to compute.
         ``ValueError`` if the id is already

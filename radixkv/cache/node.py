@@ -1,10 +1,10 @@
 """The radix tree's nodes: a run of tokens, its device blocks and (with a host tier) its host copy.
 
 Internal to ``radixkv.cache``: ``RadixCache`` owns every node. Besides the tree,
-only the collaborators it hands a node to write one, each its own fields: the
-events (``digests``, ``radixkv.cache.tree_events``), the host tier (``host``,
-``host_entry``, ``radixkv.cache.host_copies``) and the eviction order's hooks
-(``readmitted``); eviction orders read nodes through ``LeafView``.
+only these write one, each its own fields: the events (``digests``,
+``radixkv.cache.tree_events``), the pins (``pinned``, ``radixkv.cache.pins``), the
+host tier's subclass (``host``, ``host_entry``, ``radixkv.cache.tiered``) and the
+eviction order's hooks (``readmitted``); eviction orders read nodes through ``LeafView``.
 """
 
 from __future__ import annotations

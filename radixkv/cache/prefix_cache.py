@@ -3,8 +3,10 @@
 ``RadixCache`` (token-level radix tree), ``HashBlockCache`` (vLLM-style
 chained block hashes) and ``NullCache`` (caches nothing: the cache-off
 baseline) all satisfy this protocol structurally, so a serving loop, the trace
-replayer or a benchmark can take any one. Below the protocol, the input checks
-and the reference bookkeeping the implementations share.
+replayer or a benchmark can take any one. ``LoadingCache`` is the one capability
+beyond it: a ``load`` that brings back what tiers below the device hold (every
+``RadixCache``). Below the protocols, the input checks and the reference
+bookkeeping the implementations share.
 
 Reference ownership, common to every implementation (docs/design.md):
 
@@ -55,6 +57,7 @@ from radixkv.cache.results import CacheStats, MatchResult
 from radixkv.checks import check_int
 
 __all__ = [
+    "LoadingCache",
     "PrefixCache",
     "check_insert_blocks",
     "check_namespace",
@@ -180,6 +183,27 @@ class PrefixCache(Protocol):
 
         Raises ``radixkv.cache.InvariantError`` (an ``AssertionError``) naming
         the first broken one, also under ``python -O``.
+        """
+        ...
+
+
+@runtime_checkable
+class LoadingCache(Protocol):
+    """A prefix cache that may hold a prefix in tiers below the device, and brings it back.
+
+    ``RadixCache`` is one (with no tier below, its ``load`` is ``match``;
+    ``TieredRadixCache`` copies the host-only part back); ``HashBlockCache`` and
+    ``NullCache`` are not. The KV manager looks prefixes up through ``load``
+    where a cache has it (``radixkv.cache.manager``).
+    """
+
+    def load(
+        self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
+    ) -> MatchResult:
+        """``match``, then the part of the prefix held only below the device, brought back.
+
+        Ownership: one reference per returned block, for the caller, as from
+        ``match``; ``loaded_num_tokens`` are the last of them, the ones brought back.
         """
         ...
 

@@ -1,59 +1,50 @@
 """RadixCache: a compressed trie on token ids that owns refcounted KV blocks.
 
 Each node but the root holds a block-aligned run of tokens and exactly one
-block per ``block_size`` tokens. A node's tokens are stored once, as the bytes
-of an int32 array: the child key is the first block's bytes (an injective
-encoding of the tuple of its ``block_size`` token ids), and walking down is one
-dict lookup plus one ``bytes.startswith`` (a memcmp) per node. Only where a
-walk ends inside a node does the code compare tokens one by one (numpy), to
-find the block boundary where they part. ``peek`` walks the same way and
-changes nothing.
+block per ``block_size`` tokens, stored once as the bytes of an int32 array:
+the child key is the first block's bytes, and walking down is one dict lookup
+plus one ``bytes.startswith`` (a memcmp) per node. Only where a walk ends
+inside a node are tokens compared one by one, to find the block boundary
+(rounded down) where they part. ``peek`` walks the same way and changes nothing.
 
-Reference ownership (docs/design.md):
-- the tree holds exactly one reference on every block of every node;
-- ``match`` gives the caller one more reference on each matched block;
-- ``insert`` takes the tree's own reference on each block it adopts and never
-  touches the caller's references.
+The tree holds one reference on every block of every node; ``match`` gives the
+caller one more on each matched block; ``insert`` takes the tree's own on each
+block it adopts and never touches the caller's (docs/design.md).
 
 Every leaf sits in a sorted index keyed by the eviction order, so ``evict``
-pops victims from the front instead of scanning the tree. Leaves whose blocks
-a request still holds (refcount > 1) are skipped and stay in the tree. The
-index is lazy: a touch only bumps the node's clock and a leaf that gains a
-child only forgets its entry; ``evict`` re-files an entry whose key went stale
-and drops one that is no longer its node's, and the index is rebuilt when such
-dead entries outnumber the live ones. Keys never decrease on a touch, so a
-stale entry always sorts at or before where it belongs.
+pops victims from the front; leaves whose blocks a request holds are skipped.
+The index is lazy: a touch only bumps the node's clock (keys never decrease, so
+a stale entry sorts at or before its place) and a leaf that gains a child only
+forgets its entry; ``evict`` re-files stale entries and drops dead ones, and the
+index is rebuilt when dead entries outnumber live ones. Each namespace has its
+own root (``namespace_key``), dropped with its last child.
 
-Each namespace has its own root, filed under ``namespace_key(namespace)``
-(type and value); a root goes as soon as its last child is evicted, so a
-namespace that holds no block (a per-request cache salt, say) costs nothing.
+Collaborators, each with a do-nothing version when off: the eviction order
+(``radixkv.cache.eviction``: ``key`` and hooks for an order with state, as
+``GhostOrder``) and KV cache events (``radixkv.cache.tree_events``: a
+``BlockStored`` per insert that adopts blocks, a ``BlockRemoved`` per block
+evicted, ``AllBlocksCleared`` on reset; a split records nothing). Pins
+(``radixkv.cache.pins``) and inspection (``radixkv.cache.inspection``) work on
+nodes and are called by the tree.
 
-Three features are collaborators the tree calls unconditionally, each with a
-do-nothing version when off:
-
-- the eviction order (``radixkv.cache.eviction``): ``key`` orders the leaf
-  index; its hooks (``on_insert``, ``on_split``, ``on_evict``, ...) let an order
-  keep state of its own (the ghost of ``GhostOrder``);
-- KV cache events (``events=ChainHasher(...)``, ``radixkv.cache.tree_events``):
-  nodes keep their blocks' chained digests; ``insert`` hashes only the blocks
-  it adopts, before it changes anything, and records one ``BlockStored``;
-  ``evict`` one ``BlockRemoved`` per block that leaves; ``reset`` one
-  ``AllBlocksCleared``. A split moves no block, so it records nothing;
-- the host tier (``host=HostTier(...)``, ``radixkv.cache.host_copies``): a
-  node may hold device blocks, a host copy, or both. ``match`` is the one
-  method that dispatches on it, once at entry, so the device-only walk stays
-  the hot path's.
+Tiers below the device are a subclass (``radixkv.cache.tiered``, as SGLang's
+``HiRadixCache``): a node only a lower tier keeps stays in the tree with no
+device blocks (``blocks == b""``). This class never makes one; it meets one
+generically (a walk's device part, an insert that gives it blocks again) and
+calls a template hook, a no-op here, wherever a tier below acts (the section
+"template hooks" below).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 from sortedcontainers import SortedList
 
-from radixkv.cache import kernels
+from radixkv.cache import inspection, kernels
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import (
     BlockSeq,
@@ -66,13 +57,13 @@ from radixkv.cache.events import HOST_MEDIUM, MEDIUM, KVCacheEvent
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
-from radixkv.cache.host_copies import NO_HOST_COPIES, HostCopies, NoHostCopies, check_host_tier
 from radixkv.cache.node import EMPTY_BLOCKS as _EMPTY_BLOCKS
 from radixkv.cache.node import ID_BYTES as _ID_BYTES
 from radixkv.cache.node import NO_CHILDREN as _NO_CHILDREN
 from radixkv.cache.node import TOKEN_BYTES as _TOKEN_BYTES
 from radixkv.cache.node import Node as _Node
 from radixkv.cache.node import Root as _Root
+from radixkv.cache.pins import Pins
 from radixkv.cache.prefix_cache import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
 from radixkv.cache.tree_events import NO_TREE_EVENTS, NoTreeEvents, TreeEvents
@@ -102,8 +93,11 @@ class RadixCache:
     before any change.
 
     ``host``: a ``HostTier`` (``radixkv.cache.host``) gives evicted prefixes a
-    second tier; ``TypeError``/``ValueError`` naming ``host`` unless its pool is
-    a separate allocator of the same block size.
+    second tier: ``RadixCache(..., host=tier)`` builds a
+    ``radixkv.cache.tiered.TieredRadixCache`` (this class's subclass, so every
+    method below is there); ``TypeError``/``ValueError`` naming ``host`` unless
+    its pool is a separate allocator of the same block size. Without one
+    (``host=None``, the default) the tree is the device's alone.
 
     One cache per allocator: ``ValueError`` naming ``allocator`` if another
     live cache already claimed it (see ``radixkv.cache.allocator``). When
@@ -122,6 +116,20 @@ class RadixCache:
     >>> alloc.decref(m.blocks)
     0
     """
+
+    # What RadixCache(..., host=tier) builds: the tiered subclass registers itself here
+    # (``__init_subclass__``), so this module never imports it. radixkv.cache imports it.
+    _tiered_class: ClassVar[type[RadixCache] | None] = None
+
+    def __init_subclass__(cls, *, builds_host_tier: bool = False, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if builds_host_tier:
+            RadixCache._tiered_class = cls
+
+    def __new__(cls, *args: object, host: HostTier | None = None, **kwargs: object) -> RadixCache:
+        if host is not None and cls is RadixCache and RadixCache._tiered_class is not None:
+            cls = RadixCache._tiered_class
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -142,8 +150,8 @@ class RadixCache:
         )
         if events is not None and not isinstance(events, ChainHasher):
             raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
-        check_host_tier(host, allocator)
         self._alloc = allocator
+        self._init_tiers(host)
         order = make_eviction_order(eviction)
         check_key(order, order.key(_Node(b"", b"", None, 0, 0)))
         self._order = order.bind(allocator.num_blocks, allocator.block_size)
@@ -159,20 +167,11 @@ class RadixCache:
         self._clock = 0
         self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
         self._stats = CacheStats()
-        self._max_pinned = max_pinned_blocks
-        self._num_pinned = 0  # blocks in nodes with pinned > 0
-        # (namespace key, the full-block bytes pin() was given) -> pinned prefix lengths in
-        # bytes, one per pin() not yet undone
-        self._pins: dict[tuple[Hashable, bytes], list[int]] = {}
+        self._pins = Pins(max_pinned_blocks)
         self._events: TreeEvents | NoTreeEvents = (
             NO_TREE_EVENTS if events is None else TreeEvents(events, allocator.block_size)
         )
-        self._host: HostCopies | NoHostCopies = (
-            NO_HOST_COPIES
-            if host is None
-            else HostCopies(host, allocator, self._stats, self._events, self._unlink)
-        )
-        self._host.claim(self)
+        self._claim_tiers()
         allocator._claim(self, self._held)  # last: nothing below can fail
 
     # ----------------------------------------------------------- properties
@@ -187,12 +186,12 @@ class RadixCache:
     @property
     def host(self) -> HostTier | None:
         """The host tier (``radixkv.cache.host``), None without one."""
-        return self._host.tier
+        return None
 
     @property
     def host_cached_blocks(self) -> int:
         """Host blocks holding a copy of some node (0 without a host tier). Complexity: O(1)."""
-        return self._host.used_blocks
+        return 0
 
     @property
     def eviction(self) -> str:
@@ -264,32 +263,7 @@ class RadixCache:
 
         Complexity: O(nodes + cached blocks), vectorised per node.
         """
-        rc = self._alloc.refcount_array
-        last_busy = kernels.last_busy
-        total = 0
-        for root in self._roots.values():
-            # Post-order: a node is evictable iff its blocks are free of requests and
-            # every child is evictable (its children must go first).
-            stack: list[tuple[_Node, bool]] = [(root, False)]
-            ok: dict[int, bool] = {}
-            while stack:
-                node, expanded = stack.pop()
-                if not expanded:
-                    stack.append((node, True))
-                    stack.extend((c, False) for c in node.children.values())
-                    continue
-                good = all(ok[id(c)] for c in node.children.values())
-                if node.pinned:
-                    good = False  # evict skips it, so nothing above it goes either
-                elif node is not root and good:
-                    # Blocks after the last held one can go (evict splits them off); a
-                    # host-only node has none (ids is empty) and never holds its parent back.
-                    ids = node.block_ids()
-                    busy = last_busy(rc, ids)
-                    total += len(ids) - (busy + 1)
-                    good = busy < 0
-                ok[id(node)] = good
-        return total
+        return inspection.evictable_blocks(self._roots.values(), self._alloc.refcount_array)
 
     @property
     def num_nodes(self) -> int:
@@ -305,7 +279,7 @@ class RadixCache:
     def stats(self) -> CacheStats:
         """A snapshot of the counters (and ``pinned_blocks``, the blocks pins hold now)."""
         return replace(
-            self._stats, pinned_blocks=self._num_pinned, host_blocks=self.host_cached_blocks
+            self._stats, pinned_blocks=self._pins.num_blocks, host_blocks=self.host_cached_blocks
         )
 
     # ------------------------------------------------------------------ match
@@ -327,8 +301,6 @@ class RadixCache:
         build the result.
         """
         arr = as_token_array(tokens)
-        if self._host.tiered:
-            return self._match_tiers(arr, namespace, stats)
         node = self._root_of(namespace)
         bs, bb = self._bs, self._block_bytes
         n_blocks = len(arr) // bs
@@ -374,44 +346,6 @@ class RadixCache:
             counters.hit_tokens += num_tokens
         return MatchResult(blocks, num_tokens)
 
-    def _match_tiers(self, arr: np.ndarray, namespace: Hashable, stats: bool) -> MatchResult:
-        """``match`` with a host tier: the device prefix, and the host-only tokens past it.
-
-        Touches (and counts a hit on) every matched node of both tiers; with
-        ``write_through``, backs up each device node of the prefix whose hits
-        reach the threshold.
-        """
-        root = self._root_of(namespace)
-        self._clock += 1
-        clock = self._clock
-        counters = self._stats
-        if stats:
-            counters.num_matches += 1
-            counters.query_tokens += len(arr)
-        path, pos, split_child, split_at = self._walk(root, arr)
-        dev_path, dev_pos, dev_split, dev_split_at = self._host.device_part(
-            path, pos, split_child, split_at
-        )
-        touched = path
-        if dev_split is not None:
-            head = self._split(dev_split, dev_split_at)
-            dev_path = [*dev_path, head]
-            touched = dev_path
-        for node in touched:
-            node.last_access = clock
-            node.hits += 1
-        self._host.matched(dev_path)
-        num_tokens = dev_pos // _TOKEN_BYTES
-        host_tokens = (pos - dev_pos) // _TOKEN_BYTES
-        if stats:
-            counters.hit_tokens += num_tokens
-            counters.host_hit_tokens += host_tokens
-        if not dev_path:
-            return MatchResult(_EMPTY_BLOCKS, 0, host_tokens)
-        blocks = np.frombuffer(bytearray().join(n.blocks for n in dev_path), dtype=np.int32)
-        kernels.incref_held(self._rc, blocks)
-        return MatchResult(blocks, num_tokens, host_tokens)
-
     def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """Tokens ``match(tokens, namespace)`` would return now, changing nothing.
 
@@ -424,7 +358,7 @@ class RadixCache:
         down, counted by a compiled loop).
         """
         arr = as_token_array(tokens)
-        _, pos, _, _ = self._host.device_part(*self._walk(self._root_of(namespace), arr))
+        _, pos, _, _ = self._walk(self._root_of(namespace), arr)
         return pos // _TOKEN_BYTES
 
     # ----------------------------------------------------------------- insert
@@ -480,10 +414,10 @@ class RadixCache:
         # Walk without changing anything, so validation can still fail cleanly.
         path, pos, split_child, split_at = self._walk(root, arr)
         node = path[-1] if path else root
-        # Host-only nodes on the path (past dev_pos) adopt the caller's first new blocks. The
-        # device nodes are a root-connected subtree: if the deepest one has blocks, all do.
+        # Nodes held only below the device (past dev_pos) adopt the caller's first new blocks.
+        # The device nodes are a root-connected subtree: if the deepest one has blocks, all do.
         if (path and not path[-1].blocks) or (split_child is not None and not split_child.blocks):
-            dev_path, dev_pos, _, _ = self._host.device_part(path, pos, split_child, split_at)
+            dev_path, dev_pos, _, _ = self._device_part(path, pos, split_child, split_at)
         else:
             dev_path, dev_pos = path, pos
         num_cached = dev_pos // bb
@@ -534,7 +468,7 @@ class RadixCache:
             if dev_pos != pos:
                 hosted = path[len(dev_path) :]
                 if split_child is not None:
-                    hosted.append(node)  # the split's head is host-only too
+                    hosted.append(node)  # the split's head has no device blocks either
                 rest = self._promote(hosted, new)
             if rest.size:
                 data = added.tobytes()
@@ -563,22 +497,21 @@ class RadixCache:
             self._alloc.incref_distinct(new)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
-            # Last, once the tree is whole: a copier that raises leaves the leaf cached
-            # without a host copy.
+            # Last, once the tree is whole: a tier below that raises leaves the leaf cached.
             if leaf is not None:
-                self._host.inserted(leaf)
+                self._on_new_leaf(leaf)
         return num_cached * bs
 
     # -------------------------------------------------------------------- pin
     @property
     def pinned_blocks(self) -> int:
         """Blocks in pinned nodes: never evicted while pinned."""
-        return self._num_pinned
+        return self._pins.num_blocks
 
     @property
     def max_pinned_blocks(self) -> int:
         """The cap on :attr:`pinned_blocks` (below the pool size, so pins never exhaust it)."""
-        return self._max_pinned
+        return self._pins.max_blocks
 
     def pin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """Keep the cached block-aligned prefix of ``tokens`` in the tree until :meth:`unpin`.
@@ -595,30 +528,18 @@ class RadixCache:
         """
         arr = as_token_array(tokens)
         ns_key, root = self._lookup_root(namespace)
-        # Only the device prefix can be pinned: a host-only node is already evicted.
-        path, pos, split_child, split_at = self._host.device_part(*self._walk(root, arr))
-        if split_child is not None:
-            path = [*path, split_child]  # only its first split_at blocks will be pinned
-        added = sum(n.num_blocks for n in path if not n.pinned)
-        if split_child is not None and not split_child.pinned:
-            added -= split_child.num_blocks - split_at
-        if self._num_pinned + added > self._max_pinned:
-            raise ValueError(
-                f"pinning {added} more blocks would pass max_pinned_blocks="
-                f"{self._max_pinned} ({self._num_pinned} pinned)"
-            )
+        # Only the device prefix can be pinned: a node below it is already evicted.
+        path, pos, split_child, split_at = self._device_part(*self._walk(root, arr))
+        self._pins.check_room(path, split_child, split_at)
         if pos == 0:
             return 0
         if split_child is not None:
-            path[-1] = self._split(split_child, split_at)
+            path = [*path, self._split(split_child, split_at)]
         self._clock += 1
         for node in path:
             node.last_access = self._clock
-            if not node.pinned:
-                self._num_pinned += node.num_blocks
-            node.pinned += 1
         n_bytes = len(arr) // self._bs * self._block_bytes
-        self._pins.setdefault((ns_key, arr.tobytes()[:n_bytes]), []).append(pos)
+        self._pins.add((ns_key, arr.tobytes()[:n_bytes]), path)
         return pos // _TOKEN_BYTES
 
     def unpin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
@@ -630,32 +551,12 @@ class RadixCache:
         ns_key = namespace_key(namespace)
         n_bytes = len(arr) // self._bs * self._block_bytes
         key = (ns_key, arr.tobytes()[:n_bytes])
-        stack = self._pins.get(key)
-        if not stack:
+        tokens_pinned = self._pins.remove(key)
+        if tokens_pinned is None:
             raise ValueError(
                 f"tokens ({len(arr)} tokens) have no pin in force under namespace {namespace!r}"
             )
-        pos = stack.pop()
-        if not stack:
-            del self._pins[key]
-        for node in self._pinned_path(ns_key, key[1], pos):
-            node.pinned -= 1
-            if not node.pinned:
-                self._num_pinned -= node.num_blocks
-        return pos // _TOKEN_BYTES
-
-    def _pinned_path(self, ns_key: Hashable, data: bytes, pos: int) -> list[_Node]:
-        """The nodes of a pinned prefix (the first ``pos`` bytes of ``data`` under ``ns_key``).
-
-        ``InvariantError`` if the prefix no longer ends at a node of the tree
-        (``pin`` split it there and eviction skips pinned nodes).
-        """
-        root = self._roots.get(ns_key)
-        invariant(root is not None, "a pin's namespace holds nothing")
-        path, matched, split_child, _ = self._walk(root, np.frombuffer(data[:pos], np.int32))
-        invariant(split_child is None, "a pinned prefix does not end at a node")
-        invariant(matched == pos, "a pinned prefix left the tree")
-        return path
+        return tokens_pinned
 
     # ------------------------------------------------------------------ evict
     def evict(self, num_blocks: int) -> int:
@@ -682,7 +583,6 @@ class RadixCache:
         rc = self._alloc.refcount_array
         last_busy = kernels.last_busy
         key = self._order.key
-        host = self._host
         freed = 0
         skipped = []
         try:  # an order whose key turns bad mid-way (TypeError) leaves the index whole
@@ -719,7 +619,7 @@ class RadixCache:
                     if node.entry is entry:  # the backup failed: the leaf is as it was
                         skipped.append(entry)
                     raise
-                host.discard(ids)  # last: a copier that raises finds the tree whole
+                self._on_freed(ids)  # last: a tier below that raises finds the tree whole
         finally:
             for entry in skipped:
                 leaves.add(entry)
@@ -729,12 +629,11 @@ class RadixCache:
     def _evict_leaf(self, node: _Node, ids: np.ndarray) -> int:
         """Free leaf ``node``'s device blocks ``ids`` (no request holds them); return the count.
 
-        With a host copy (``HostCopies.keeps``: made now under ``write_back``)
-        the node stays, host-only; without one it is deleted, with any host-only
-        nodes below it. Only the host backup can raise, before any change.
+        Where a tier below keeps the node (``_keeps``) it stays with no device
+        blocks; else it is deleted, with any nodes below it (``_drop_below``).
+        Only ``_keeps`` can raise, before any change.
         """
-        host = self._host
-        kept = host.keeps(node)
+        kept = self._keeps(node)
         node.entry = None
         parent = node.parent
         self._order.on_evict(parent, node, not kept)
@@ -746,16 +645,16 @@ class RadixCache:
             node.blocks = b""
             if parent.parent is not None and parent.entry is None and not _has_device_child(parent):
                 self._index(parent)
-            host.offloaded(node)
+            self._on_offload(node)
         else:
-            host.drop_below(node)
+            self._drop_below(node)
             self._unlink(node)
         return freed
 
     def _unlink(self, node: _Node) -> None:
         """Delete ``node`` (no device blocks of its own left, no children) from its parent and
-        re-file the parent: a device leaf when it has no device child left, a host candidate
-        when it is host-only and childless; a root goes with its last child."""
+        re-file the parent: a device leaf when it has no device child left, ``_on_offload``
+        when it has no device blocks and no children; a root goes with its last child."""
         parent = node.parent
         del parent.children[node.key[: self._block_bytes]]  # a parent's children are a dict
         node.parent = None
@@ -764,7 +663,7 @@ class RadixCache:
             if parent.parent is None:  # the namespace holds nothing more: forget it
                 del self._roots[parent.ns_key]
             elif not parent.blocks:
-                self._host.offloaded(parent)
+                self._on_offload(parent)
             elif parent.entry is None:
                 self._index(parent)
         elif (
@@ -783,102 +682,41 @@ class RadixCache:
         Complexity: O(cached blocks).
         """
         release_held(self._alloc, self._held)
-        self._host.reset()
+        self._on_reset()
         self._events.cleared()
         self._roots.clear()
         self._leaves.clear()
         self._num_dead = 0
         self._num_cached = 0
         self._pins.clear()
-        self._num_pinned = 0
         self._order.on_reset()
 
-    # ------------------------------------------------------------- host tier
+    # ------------------------------------------------------- tiers below the device
     def load(
         self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
     ) -> MatchResult:
-        """``match``, then bring the host-resident part of the prefix back to the device.
+        """``match``, then bring the part of the prefix held only below the device back to it.
 
-        Without a host tier, or when nothing of the prefix is on the host alone,
-        this is ``match``. Otherwise the host-only nodes past the device prefix
-        are loaded top-down, node by node and all-or-nothing per node (a prefix
-        ending inside a node splits it first): device blocks are allocated,
-        evicting first when the pool is short (the loading nodes cannot be
-        deleted meanwhile, and the matched prefix is held by the caller so it
-        cannot be evicted), the host blocks are copied in (``HostTier.copier``),
-        and the node becomes device-resident again with its host copy kept. The
-        load stops at the first node the pool cannot take. The caller gets one
-        reference on every returned block, as from ``match``; ``host_num_tokens``
-        is what is still on the host alone, ``loaded_num_tokens`` what was loaded
-        (the last blocks of the result). Counts ``loaded_blocks``; with events on,
-        records a ``BlockStored`` (medium ``"GPU"``) per loaded node.
-
-        Raises as ``match``, before any change. If the copier (or an eviction's
-        backup) raises, the caller gets no reference: the nodes loaded before
-        stay loaded, the failing one stays host-only, and the tree is whole.
-        Complexity: ``match``, plus a second walk, plus the eviction and the
-        copy of the loaded blocks.
+        This tree has no tier below the device, so this is ``match``; with a host
+        tier (``radixkv.cache.tiered.TieredRadixCache.load``) it copies the
+        host-only part back. Complexity: as ``match``.
         """
-        m = self.match(tokens, namespace, stats=stats)
-        if not m.host_num_tokens:
-            return m
-        arr = as_token_array(tokens)
-        path, _, split_child, split_at = self._walk(self._root_of(namespace), arr)
-        nodes = [n for n in path if not n.blocks]
-        if split_child is not None and not split_child.blocks:
-            nodes.append(self._split(split_child, split_at))
-        alloc, host = self._alloc, self._host
-        parts = [m.block_array]
-        loaded = 0
-        host.hold(nodes)
-        try:
-            need = sum(n.num_blocks for n in nodes)
-            if alloc.num_free < need:
-                self.evict(need - alloc.num_free)
-            for node in nodes:
-                k = node.num_blocks
-                if alloc.num_free < k:
-                    break
-                ids = alloc.alloc_array(k)  # the tree's reference
-                try:
-                    host.copy_in(node, ids)
-                except BaseException:
-                    alloc.unalloc(ids)  # the node stays host-only
-                    raise
-                kernels.set_flags(self._held, ids, True)
-                self._num_cached += k
-                self._attach(node, ids)
-                alloc.incref_distinct(ids)  # the caller's: the next eviction cannot take it
-                parts.append(ids)
-                loaded += k
-        except BaseException:
-            for part in parts:  # the caller never gets them: give its references back
-                alloc.decref_distinct(part)
-            raise
-        finally:
-            host.release(nodes)
-            self._stats.loaded_blocks += loaded
-        moved = loaded * self._bs
-        blocks = np.concatenate(parts) if loaded else m.block_array
-        return MatchResult(blocks, m.num_tokens + moved, m.host_num_tokens - moved, moved)
+        return self.match(tokens, namespace, stats=stats)
 
     def evict_host(self, num_blocks: int) -> int:
         """Free at least ``num_blocks`` host blocks if that many can go, else all it can.
 
-        Candidates, in the host tier's own order: host-only leaves (deleted
-        from the tree) and host mirrors of device-resident nodes (the copy goes,
-        the node stays). Returns the host blocks freed; 0 without a host tier.
-        ``ValueError``/``TypeError`` for a bad ``num_blocks``, before any change.
-        Complexity: O((freed + skipped candidates) * log candidates).
+        0 here: no host tier (``TieredRadixCache.evict_host`` frees). ``ValueError``/
+        ``TypeError`` for a bad ``num_blocks``. Complexity: O(1).
         """
         check_num_blocks(num_blocks)
-        return self._host.evict(num_blocks)
+        return 0
 
     def _promote(self, nodes: list[_Node], new: np.ndarray) -> np.ndarray:
-        """Give the host-only ``nodes`` (top-down, a chain) the caller's ``new`` blocks, in order.
+        """Give ``nodes`` (top-down, a chain, no device blocks) the caller's ``new`` blocks.
 
         An insert computed these positions again; the nodes become device-resident
-        with their host copies kept. Returns the blocks past them. The caller
+        (a tier below keeps its copy). Returns the blocks past them. The caller
         takes the references, flags and counts, as for any adopted block.
         """
         at = 0
@@ -889,14 +727,72 @@ class RadixCache:
         return new[at:]
 
     def _attach(self, node: _Node, ids: np.ndarray) -> None:
-        """Make host-only ``node`` device-resident on ``ids`` (its parent is, or is a root)."""
+        """Make ``node`` (no device blocks) device-resident on ``ids`` (its parent is, or is a
+        root). The caller takes the references, flags and counts."""
         node.blocks = ids.tobytes()
         parent = node.parent
         if parent.entry is not None:
             self._forget_entry(parent)  # it has a device child now
-        self._index(node)  # its children, if any, are host-only
-        self._host.attached(node)
+        self._index(node)  # its children, if any, have no device blocks
+        self._on_attach(node)
         self._events.stored(node)
+
+    def _device_part(
+        self, path: list[_Node], pos: int, split_child: _Node | None, split_at: int
+    ) -> tuple[list[_Node], int, _Node | None, int]:
+        """A ``_walk`` result cut to its device-resident part: the nodes down to the first one
+        with no device blocks, their length in bytes, and the split only if its node is on
+        the device. The walk as it is when every node is (always, without tiers below)."""
+        for i, node in enumerate(path):
+            if not node.blocks:
+                return path[:i], path[i - 1].depth_end * _TOKEN_BYTES if i else 0, None, 0
+        if split_child is not None and not split_child.blocks:
+            return path, pos - split_at * self._block_bytes, None, 0
+        return path, pos, split_child, split_at
+
+    # ------------------------------------------- template hooks: the tiers below the device
+    # No-ops here (no tier below the device); radixkv.cache.tiered overrides each.
+    def _init_tiers(self, host: HostTier | None) -> None:
+        """Set up the tiers from ``host``, raising as the constructor documents; only ``_alloc``
+        of the tree's state exists yet."""
+        if host is not None:
+            raise TypeError(
+                f"host must be None for {type(self).__name__}: a host tier needs "
+                f"RadixCache(..., host=tier) or TieredRadixCache, got {type(host).__name__}"
+            )
+
+    def _claim_tiers(self) -> None:
+        """Claim the tiers' own pools (``BlockAllocator._claim``), just before the device's."""
+
+    def _on_split(self, head: _Node, tail: _Node, k: int) -> None:
+        """``head`` took the first ``k`` blocks of ``tail``: split the tiers' copies alike."""
+
+    def _on_new_leaf(self, leaf: _Node) -> None:
+        """``insert`` made ``leaf`` and the tree is whole; may raise (the leaf stays cached)."""
+
+    def _keeps(self, node: _Node) -> bool:
+        """Eviction takes leaf ``node``'s device blocks: whether a tier below keeps the node
+        (else it is deleted). May raise, before any change."""
+        return False
+
+    def _on_offload(self, node: _Node) -> None:
+        """``node`` has no device blocks now (evicted, or it lost its last child)."""
+
+    def _drop_below(self, node: _Node) -> None:
+        """Eviction deletes leaf ``node``: delete the nodes below it (all below the device)."""
+
+    def _on_attach(self, node: _Node) -> None:
+        """``node`` is device-resident again (``_attach``)."""
+
+    def _on_freed(self, ids: np.ndarray) -> None:
+        """``evict`` just freed device blocks ``ids``; may raise (the tree is whole)."""
+
+    def _on_reset(self) -> None:
+        """``reset`` drops every node: the tiers give back their blocks."""
+
+    def _check_tiers(self, nodes: list[_Node]) -> None:
+        """The tiers' invariants over every node (``check``): here, that none has a copy."""
+        invariant(all(n.host is None for n in nodes), "a node has a host copy with no host tier")
 
     # ------------------------------------------------------------- internals
     def _root_of(self, namespace: Hashable) -> _Root | None:
@@ -959,7 +855,7 @@ class RadixCache:
         The head takes the node's place under its parent; the node object
         itself becomes the tail, keeping its children (so they need no
         re-parenting), its depth_end and its leaf-index entry. The events, the
-        order and the host tier split their parts of the node alongside.
+        order and the tiers below (``_on_split``) split their parts of the node alongside.
         """
         bb = self._block_bytes
         cut = k * bb
@@ -983,7 +879,7 @@ class RadixCache:
         node.parent = head
         head.children = {node.key[:bb]: node}
         self._order.on_split(head, node)
-        self._host.split(head, node, k)
+        self._on_split(head, node, k)
         return head
 
     def _index(self, node: _Node) -> None:
@@ -1004,102 +900,51 @@ class RadixCache:
             self._num_dead = 0
 
     def _iter_nodes(self) -> Iterator[_Node]:
-        for root in self._roots.values():
-            stack = list(root.children.values())
-            while stack:
-                node = stack.pop()
-                yield node
-                stack.extend(node.children.values())
+        return inspection.iter_nodes(self._roots.values())
 
     # ------------------------------------------------------------ inspection
     def check(self) -> None:
         """Verify the tree's invariants (docs/design.md, 1-4 and 7, as far as the tree sees them).
 
         Raises ``InvariantError`` naming the first broken one (never built on
-        ``assert``: ``python -O`` checks too). Also checks the allocator. With
-        events on, also that every node's digests are a fresh recomputation of
-        its chain from its parent's last digest (the root's: the hasher's root
-        and the namespace's extra keys); with events off, that no node keeps any.
-        The eviction order checks its own state (``EvictionOrder.check``). With
-        a host tier, also its invariants (``HostCopies.check``); without one,
-        that no node has a host copy.
+        ``assert``: ``python -O`` checks too): the nodes' structure and, with
+        events on, their digests (``inspection.check_structure``), the leaf
+        index, the pins (``Pins.check``), the eviction order's own state
+        (``EvictionOrder.check``), the held blocks and their count, the tiers
+        below the device (``_check_tiers``: without any, that no node has a host
+        copy), and the allocator.
         Complexity: O(nodes + cached blocks + num_blocks), plus hashing every
         cached token with events on.
         """
-        bb = self._block_bytes
-        events = self._events
+        nodes = inspection.check_structure(self._roots, self._block_bytes, self._events)
         key_of = self._order.key
-        seen_blocks: list[np.ndarray] = []
         leaves = 0
-        for ns_key, root in self._roots.items():
-            invariant(
-                isinstance(root, _Root) and root.ns_key == ns_key,
-                f"root filed under {ns_key!r} is not that namespace's root",
-            )
-            invariant(
-                root.parent is None and root.key == b"" and root.depth_end == 0,
-                f"root of namespace {root.namespace!r} has a parent, tokens or depth",
-            )
-            invariant(root.entry is None, "a root is in the leaf index")
-            invariant(root.children, f"namespace {root.namespace!r} keeps an empty root")
-            stack: list[_Node] = [root]
-            while stack:
-                node = stack.pop()
-                for key, child in node.children.items():
-                    invariant(child.parent is node, "child's parent pointer is wrong")
-                    invariant(len(child.key) > 0, "empty non-root node")
-                    invariant(len(child.key) % bb == 0, "node tokens not block-aligned")
-                    invariant(key == child.key[:bb], "child not keyed by its first block")
-                    invariant(
-                        child.num_blocks * bb == len(child.key), "blocks != tokens / block_size"
-                    )
-                    invariant(
-                        child.depth_end == node.depth_end + len(child.key) // _TOKEN_BYTES,
-                        "a node's depth_end is not its parent's plus its own tokens",
-                    )
-                    events.check(node, child)
-                    stack.append(child)
-                if node is not root:
-                    seen_blocks.append(node.block_ids())
-                    if not node.blocks or _has_device_child(node):
-                        invariant(
-                            node.entry is None, "an interior or host-only node is in the leaf index"
-                        )
-                    else:
-                        leaves += 1
-                        invariant(node.entry is not None, "a leaf is missing from the leaf index")
-                        fresh = key_of(node)
-                        invariant(
-                            isinstance(fresh, tuple),
-                            f"eviction order {self._order!r} returned a {type(fresh).__name__}",
-                        )
-                        invariant(
-                            node.entry[:-2] <= fresh,
-                            f"a leaf's filed key {node.entry[:-2]} exceeds its fresh key {fresh}: "
-                            f"eviction order {self._order!r} lowered a key on a touch",
-                        )
-                        invariant(node.entry in self._leaves, "a leaf's entry is not in the index")
-        want: dict[int, int] = {}
-        for (ns_key, data), lengths in self._pins.items():
-            for pos in lengths:
-                for node in self._pinned_path(ns_key, data, pos):
-                    want[id(node)] = want.get(id(node), 0) + 1
-        nodes = list(self._iter_nodes())
-        pinned_blocks = 0
         for node in nodes:
-            invariant(node.pinned == want.get(id(node), 0), "a node's pin count is off")
-            if node.pinned:
-                pinned_blocks += node.num_blocks
-        invariant(pinned_blocks == self._num_pinned, "pinned_blocks count is off")
+            if not node.blocks or _has_device_child(node):
+                invariant(node.entry is None, "an interior or host-only node is in the leaf index")
+                continue
+            leaves += 1
+            invariant(node.entry is not None, "a leaf is missing from the leaf index")
+            fresh = key_of(node)
+            invariant(
+                isinstance(fresh, tuple),
+                f"eviction order {self._order!r} returned a {type(fresh).__name__}",
+            )
+            invariant(
+                node.entry[:-2] <= fresh,
+                f"a leaf's filed key {node.entry[:-2]} exceeds its fresh key {fresh}: "
+                f"eviction order {self._order!r} lowered a key on a touch",
+            )
+            invariant(node.entry in self._leaves, "a leaf's entry is not in the index")
+        self._pins.check(nodes, self._roots)
         self._order.check(nodes)
-        invariant(self._num_pinned <= self._max_pinned, "pins passed max_pinned_blocks")
         dead = sum(1 for e in self._leaves if e[-1].entry is not e)
         invariant(dead == self._num_dead, "dead leaf-index entries miscounted")
         invariant(leaves == len(self._leaves) - dead, "leaf index misses leaves or has extras")
-        blocks = np.concatenate(seen_blocks) if seen_blocks else _EMPTY_BLOCKS
+        blocks = np.concatenate([n.block_ids() for n in nodes]) if nodes else _EMPTY_BLOCKS
         invariant(len(np.unique(blocks)) == len(blocks), "a block is held by two nodes")
         invariant(len(blocks) == self._num_cached, "cached_blocks count is off")
-        self._host.check(nodes)
+        self._check_tiers(nodes)
         invariant(
             not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
             "a node holds a block id out of range",
@@ -1112,33 +957,12 @@ class RadixCache:
 
     def pretty(self, max_tokens: int = 8, max_blocks: int = 6) -> str:
         """The tree as indented text: each node's tokens, blocks and refcounts, abbreviated."""
-        lines = [
+        header = (
             f"RadixCache(block_size={self._bs}, eviction={self.eviction!r}, "
             f"cached_blocks={self._num_cached}, free={self._alloc.num_free})"
-        ]
-        for root in self._roots.values():
-            lines.append(f"namespace {root.namespace!r}")
-            self._pretty_children(root, "", lines, max_tokens, max_blocks)
-        return "\n".join(lines)
-
-    def _pretty_children(
-        self, node: _Node, indent: str, lines: list[str], max_tokens: int, max_blocks: int
-    ) -> None:
-        children = list(node.children.values())
-        for i, child in enumerate(children):
-            last = i == len(children) - 1
-            toks = _abbrev(child.tokens().tolist(), max_tokens)
-            blocks = child.block_ids().tolist()
-            rcs = self._alloc.refcounts(child.block_ids()).tolist()
-            host = child.host_ids().tolist()
-            host = f" host {_abbrev(host, max_blocks)}" if child.host is not None else ""
-            lines.append(
-                f"{indent}{'└── ' if last else '├── '}{toks} ({len(child.key) // _TOKEN_BYTES} tok)"
-                f" blocks {_abbrev(blocks, max_blocks)} rc {_abbrev(rcs, max_blocks)}{host}"
-            )
-            self._pretty_children(
-                child, indent + ("    " if last else "│   "), lines, max_tokens, max_blocks
-            )
+        )
+        rc = self._alloc.refcount_array
+        return inspection.render(header, self._roots.values(), rc, max_tokens, max_blocks)
 
     def __str__(self) -> str:
         return self.pretty()
@@ -1156,10 +980,3 @@ def _has_device_child(node: _Node) -> bool:
             return True
     return False
 
-
-def _abbrev(values: list[int], limit: int) -> str:
-    if len(values) <= limit:
-        return "[" + " ".join(map(str, values)) + "]"
-    head = " ".join(map(str, values[: limit - 2]))
-    tail = " ".join(map(str, values[-2:]))
-    return f"[{head} … {tail}]"

@@ -86,6 +86,10 @@ class EngineConfig:
     """Pool size, batching limits and the cache.
 
     - ``num_blocks``: KV pool blocks; None sizes the pool from ``kv_memory_bytes``.
+    - ``max_model_len``: the most tokens a request may have, its prompt plus
+      ``max_new_tokens`` (vLLM's ``--max-model-len``); None: all the pool holds
+      (``num_blocks * block_size``). More than the pool holds is refused when the
+      engine is built.
     - ``cache``: ``"radix"`` (:class:`~radixkv.RadixCache`), ``"hash"``
       (:class:`~radixkv.HashBlockCache`) or None (no caching: a ``NullCache``).
     - ``policy``: admission order, ``"fcfs"`` or ``"lpm"``; under lpm a request
@@ -138,6 +142,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     cuda_graph_max_context: int = 4096
     prompt_score_cache: bool = True
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         ints = (
@@ -155,6 +160,8 @@ class EngineConfig:
             object.__setattr__(self, name, check_int(name, getattr(self, name), low=low))
         num_blocks = check_int("num_blocks", self.num_blocks, low=1, optional=True)
         object.__setattr__(self, "num_blocks", num_blocks)
+        max_model_len = check_int("max_model_len", self.max_model_len, low=1, optional=True)
+        object.__setattr__(self, "max_model_len", max_model_len)
         for name in ("poison_freed_kv", "cuda_graphs", "prompt_score_cache"):
             object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.cache not in CACHE_KINDS:
@@ -181,6 +188,22 @@ class EngineConfig:
             )
         if self.poison_freed_kv and not self.host_kv_blocks:
             raise ValueError("poison_freed_kv needs a host tier (host_kv_blocks > 0)")
+
+    def pool_blocks(self, model: torch.nn.Module) -> int:
+        """The blocks of the KV pool an engine over ``model`` gets: ``num_blocks``, else as
+        many as ``kv_memory_bytes`` holds in ``model``'s layout (``ValueError`` if not one).
+        Allocates nothing."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        mc = model.config
+        per_block = KVPool.block_bytes(
+            mc.num_layers, self.block_size, mc.num_kv_heads, mc.head_dim,
+            self.kv_dtype or model.dtype,
+        )  # fmt: skip
+        num_blocks = self.kv_memory_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv_memory_bytes={self.kv_memory_bytes} is below one block")
+        return num_blocks
 
 
 def _check_device(device: object) -> None:
@@ -262,16 +285,16 @@ class Engine:
             )
         self.model = model
         self.tokenizer = tokenizer
-        num_blocks = cfg.num_blocks
-        if num_blocks is None:
-            mc = model.config
-            kv_dtype = cfg.kv_dtype or model.dtype
-            per_block = KVPool.block_bytes(
-                mc.num_layers, cfg.block_size, mc.num_kv_heads, mc.head_dim, kv_dtype
+        num_blocks = cfg.pool_blocks(model)
+        pool_tokens = num_blocks * cfg.block_size
+        if cfg.max_model_len is not None and cfg.max_model_len > pool_tokens:
+            raise ValueError(
+                f"max_model_len={cfg.max_model_len} is more than the {pool_tokens} tokens "
+                f"the KV pool holds ({num_blocks} blocks of {cfg.block_size})"
             )
-            num_blocks = cfg.kv_memory_bytes // per_block
-            if num_blocks < 1:
-                raise ValueError(f"kv_memory_bytes={cfg.kv_memory_bytes} is below one block")
+        self.max_model_len: int = cfg.max_model_len or pool_tokens
+        """The most tokens a request may have, its prompt plus ``max_new_tokens``: at most
+        what the pool holds (see :class:`EngineConfig`)."""
         self.kv_pool: KVPool = model.make_kv_pool(
             num_blocks, cfg.block_size, dtype=cfg.kv_dtype, device=cfg.device
         )
@@ -381,7 +404,8 @@ class Engine:
         hashable) scopes its prefix cache: requests of different namespaces
         share no blocks. ``TypeError``/``ValueError`` before anything is queued
         if the prompt or the params are malformed, a token or stop id is outside
-        the model's vocabulary, or the request could never fit the pool.
+        the model's vocabulary, or its prompt plus ``max_new_tokens`` is more than
+        :attr:`max_model_len` (at most what the pool holds).
         Read the request's progress with :meth:`get`; it comes back from
         :meth:`step` once finished.
         """
@@ -425,6 +449,13 @@ class Engine:
                 f"prompt token id {top} is outside the model's vocabulary (vocab_size {vocab})"
             )
         params.check_vocab(vocab)
+        if req.prompt_len + params.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {req.request_id} asks for {req.prompt_len} prompt + "
+                f"{params.max_new_tokens} new tokens, more than max_model_len "
+                f"{self.max_model_len} (the whole pool has {self.allocator.num_blocks} blocks "
+                f"of {self.config.block_size})"
+            )
         self.scheduler.validate(req)
         # The cache refuses a namespace it cannot encode (its KV event hashes): say so now,
         # not when the scheduler first matches it. A built-in cache peeks no tokens in O(1).

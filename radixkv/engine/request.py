@@ -1,6 +1,7 @@
 """Request: one generation request's tokens, progress and timing, as the scheduler sees them.
 
-Plain ints and numpy only: no tensor lives here. A request's token buffer is
+Plain ints and numpy only: this module makes no tensor (the scorer's and the sampler's
+per-request state, which may hold some, is opaque here). A request's token buffer is
 ``prompt + output``; ``num_computed_tokens`` of them have K/V in the pool (in the
 blocks the :class:`~radixkv.cache.manager.KVCacheManager` holds for it), and the
 scheduler's job is to bring ``num_computed_tokens`` up to ``num_tokens`` (prefill
@@ -61,6 +62,14 @@ class SamplingParams:
       position (``Request.prompt_logprobs``), scored in the prefill itself, reading the
       scores the cache keeps for its blocks (``radixkv.engine.prompt_scores``). Logprobs are those
       of the model's own distribution, before any of the adjustments above.
+
+    The penalties and the ``logit_bias`` values adjust the float32 logits: each must be one
+    float32 holds as it is, 0 or a magnitude in [1.18e-38, 3.40e38]
+    (``radixkv.checks.FLOAT32_TINY`` / ``FLOAT32_MAX``); a smaller magnitude is subnormal or
+    0 there (a repetition penalty of 1e-300 divided by 0) and a larger one infinity. The
+    temperature, ``top_p`` and ``min_p`` act in float64, which holds any finite value (a
+    temperature of 5e-324 is greedy). ``logit_bias`` and ``stop_token_ids`` are checked
+    once: a copy made with ``dataclasses.replace`` (a fork's seed) keeps them, in O(1).
     """
 
     max_new_tokens: int = 16
@@ -86,20 +95,17 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         check_int("seed", self.seed, low=SEED_MIN, high=SEED_MAX, optional=True)
-        stops = self.stop_token_ids
-        if isinstance(stops, (str, bytes)) or not isinstance(stops, Iterable):
-            raise ValueError(f"stop_token_ids must be a sequence of ints, got {stops!r}")
-        stops = tuple(check_ints("stop_token_ids", stops, low=0))
-        object.__setattr__(self, "stop_token_ids", stops)
+        object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
         # looked up once per generated token: a set, whatever the list's length
         object.__setattr__(self, "_stop_set", frozenset(self.stop_token_ids))
         check_int("top_k", self.top_k, low=0)
         check_number("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
-        check_number("repetition_penalty", self.repetition_penalty, low=0, strict=True)
-        check_number("presence_penalty", self.presence_penalty)
-        check_number("frequency_penalty", self.frequency_penalty)
+        rep = self.repetition_penalty
+        check_number("repetition_penalty", rep, low=0, strict=True, float32=True)
+        check_number("presence_penalty", self.presence_penalty, float32=True)
+        check_number("frequency_penalty", self.frequency_penalty, float32=True)
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         check_int("min_tokens", self.min_tokens, low=0, high=self.max_new_tokens)
         check_int("top_logprobs", self.top_logprobs, low=0)
@@ -128,20 +134,31 @@ class SamplingParams:
         return self.penalises or bool(self.logit_bias) or self.min_tokens > 0
 
     @property
+    def logit_bias_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``logit_bias`` as two read-only arrays, built once: the token ids (int64,
+        ascending) and their biases (float32). Complexity: O(1)."""
+        bias = self.logit_bias
+        assert isinstance(bias, _BiasPairs)  # __post_init__ made it one
+        return bias.ids, bias.values
+
+    @property
     def truncates(self) -> bool:
         """Whether sampling keeps only the likeliest tokens (top-k or top-p)."""
         return self.top_k > 0 or self.top_p < 1.0
 
     def check_vocab(self, vocab_size: int) -> None:
         """``ValueError`` naming the field if a token id here is outside ``[0, vocab_size)``,
-        or ``top_logprobs`` / ``prompt_logprobs`` ask for more tokens than there are."""
-        bad = [t for t in self.stop_token_ids if t >= vocab_size]
-        if bad:
+        or ``top_logprobs`` / ``prompt_logprobs`` ask for more tokens than there are.
+        Complexity: O(len(stop_token_ids)) and O(1) for ``logit_bias`` (its ids are sorted),
+        in C."""
+        if max(self.stop_token_ids, default=-1) >= vocab_size:
+            bad = [t for t in self.stop_token_ids if t >= vocab_size]
             raise ValueError(
                 f"stop_token_ids {bad} are outside the model's vocabulary (vocab_size {vocab_size})"
             )
-        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
-        if bad:
+        ids, _ = self.logit_bias_arrays
+        if len(ids) and ids[-1] >= vocab_size:
+            bad = ids[ids >= vocab_size].tolist()
             raise ValueError(
                 f"logit_bias token ids {bad} are outside the model's vocabulary "
                 f"(vocab_size {vocab_size})"
@@ -152,8 +169,37 @@ class SamplingParams:
                 raise ValueError(f"{name} is {k}, more than the vocabulary's {vocab_size} tokens")
 
 
+class _Checked(tuple):
+    """A tuple field's value as ``SamplingParams.__post_init__`` checked it: given again (a
+    ``dataclasses.replace``), it is kept as it is, without a second O(length) check."""
+
+
+class _StopIds(_Checked):
+    """Checked ``stop_token_ids``."""
+
+
+class _BiasPairs(_Checked):
+    """Checked ``logit_bias`` pairs, with their token ids and biases as arrays (built once,
+    for the sampler's tensors)."""
+
+    ids: np.ndarray
+    values: np.ndarray
+
+
+def _stop_ids(stops: object) -> tuple[int, ...]:
+    """``stop_token_ids`` checked, as a tuple of ints (kept as it is if already checked)."""
+    if type(stops) is _StopIds:
+        return stops
+    if isinstance(stops, (str, bytes)) or not isinstance(stops, Iterable):
+        raise ValueError(f"stop_token_ids must be a sequence of ints, got {stops!r}")
+    return _StopIds(check_ints("stop_token_ids", stops, low=0))
+
+
 def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
-    """``logit_bias`` (a mapping or ``(token, bias)`` pairs) as checked pairs sorted by token."""
+    """``logit_bias`` (a mapping or ``(token, bias)`` pairs) as checked pairs sorted by token
+    (kept as it is if already checked)."""
+    if type(bias) is _BiasPairs:
+        return bias
     items = bias.items() if isinstance(bias, Mapping) else bias
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise ValueError(f"logit_bias must hold (token, bias) pairs, got {bias!r}")
@@ -163,8 +209,12 @@ def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
             raise ValueError(f"logit_bias must hold (token, bias) pairs, got {item!r}")
         token, value = item
         token = check_int("logit_bias token id", token, low=0)
-        pairs[token] = check_number(f"logit_bias[{token}]", value)
-    return tuple(sorted(pairs.items()))
+        pairs[token] = check_number(f"logit_bias[{token}]", value, float32=True)
+    checked = _BiasPairs(sorted(pairs.items()))
+    checked.ids = np.fromiter((t for t, _ in checked), dtype=np.int64, count=len(checked))
+    checked.values = np.fromiter((b for _, b in checked), dtype=np.float32, count=len(checked))
+    checked.ids.flags.writeable = checked.values.flags.writeable = False
+    return checked
 
 
 @dataclass(frozen=True)
@@ -234,7 +284,7 @@ class Request:
         "num_computed_tokens", "prefill_end", "cached_tokens", "num_prefill_tokens",
         "num_decode_tokens", "num_preemptions", "arrival_time", "first_token_time",
         "finish_time", "admitted", "logprobs", "error", "_buf", "_len", "scheduled_time",
-        "top_logprobs", "prompt_logprobs", "prompt_scoring",
+        "top_logprobs", "prompt_logprobs", "prompt_scoring", "sampler_state",
     )  # fmt: skip
 
     def __init__(
@@ -285,6 +335,9 @@ class Request:
         self.prompt_scoring: object | None = None
         """The engine's ``PromptScorer`` state for this request while its prompt is scored
         (``radixkv.engine.prompt_scores.PromptScoring``; opaque here)."""
+        self.sampler_state: object | None = None
+        """The sampler's tensors for this request (its logit bias, stop ids, prompt mask),
+        built the first time it samples (``radixkv.engine.sampler``; opaque here)."""
         self.error: str | None = None
         """Why the request ended with ``FinishReason.ERROR``."""
 

@@ -8,8 +8,15 @@ random scalar per sampled row):
    token's logprob and, where asked, the ``top_logprobs`` likeliest, come from them.
 2. Adjustments, only on the rows that ask for one, in vLLM's order: ``logit_bias``,
    ``min_tokens`` (the stop tokens masked while too few tokens exist), then the
-   repetition, frequency and presence penalties (counts of each row's output tokens
-   and a mask of its prompt's, built by one scatter over the padded rows).
+   repetition, frequency and presence penalties (counts of each row's output tokens,
+   built by one scatter over the padded rows, and a mask of its prompt's), in float64;
+   a logit they push past float32's largest is held there (an infinite one turned the
+   row's probabilities to NaN, and the pick into an arbitrary token). A request's bias
+   ids and values, stop ids and prompt mask become device tensors once, the first time
+   it samples (kept on the request as ``Request.sampler_state``): a step concatenates
+   its rows' tensors and indexes once, so its host work does not grow with the lengths
+   of ``logit_bias`` or ``stop_token_ids`` (a full-vocabulary bias was rebuilt from
+   Python pairs at every step: seconds per step for 16 forks).
 3. Greedy rows take the argmax (ties to the lowest id): a row without adjustments
    reads exactly the logits it did before any of this existed.
 4. Sampled rows, in float64: temperature, then ``min_p``, then ``top_k`` and ``top_p``
@@ -30,6 +37,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from radixkv.checks import FLOAT32_MAX
 from radixkv.engine.request import Request
 
 __all__ = ["Sampler"]
@@ -91,46 +99,89 @@ class Sampler:
 
 
 def _adjust(scores: torch.Tensor, reqs: Sequence[Request], rows: Sequence[int]) -> None:
-    """Apply each request's logit bias, min_tokens mask and penalties to its row, in place."""
-    device = scores.device
+    """Apply each request's logit bias, min_tokens mask and penalties to its row, in place.
+    Complexity: O(rows) on the host, but for the penalties' output counts (O(rows x
+    output tokens)); O(rows x vocab) on the device."""
+    device, vocab = scores.device, scores.shape[1]
+    states = [_state_of(r, vocab, device) for r in reqs]
     # logit_bias, added
-    where = [(k, t, b) for r, k in zip(reqs, rows, strict=True) for t, b in r.params.logit_bias]
-    if where:
-        r_idx, t_idx, vals = zip(*where, strict=True)
-        scores.index_put_(
-            (torch.tensor(r_idx, device=device), torch.tensor(t_idx, device=device)),
-            torch.tensor(vals, device=device, dtype=scores.dtype),
-            accumulate=True,
-        )
+    biased = [(k, s) for k, s in zip(rows, states, strict=True) if s.bias_ids is not None]
+    if biased:
+        where = _rows_and_columns([k for k, _ in biased], [s.bias_ids for _, s in biased])
+        values = torch.cat([s.bias_values for _, s in biased])
+        scores.index_put_(where, values, accumulate=True)
     # min_tokens: no stop token until enough tokens exist
-    masked = [
-        (k, t)
-        for r, k in zip(reqs, rows, strict=True)
-        if r.num_output_tokens < r.params.min_tokens
-        for t in r.params.stop_token_ids
+    held = [
+        (k, s)
+        for r, k, s in zip(reqs, rows, states, strict=True)
+        if s.stop_ids is not None and r.num_output_tokens < r.params.min_tokens
     ]
-    if masked:
-        r_idx, t_idx = zip(*masked, strict=True)
-        scores[torch.tensor(r_idx, device=device), torch.tensor(t_idx, device=device)] = -torch.inf
-    # penalties, over each row's output (and, for repetition, its prompt)
-    pen = [(r, k) for r, k in zip(reqs, rows, strict=True) if r.params.penalises]
-    if not pen:
-        return
-    vocab = scores.shape[1]
-    index = torch.tensor([k for _, k in pen], device=device)
-    counts = _token_counts([r.tokens[r.prompt_len :] for r, _ in pen], vocab, device)
-    seen = counts > 0
-    x = scores[index]
-    params = [r.params for r, _ in pen]
-    rep = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
-    if (rep != 1.0).any():
-        in_prompt = _token_counts([r.prompt for r, _ in pen], vocab, device) > 0
-        hit = (seen | in_prompt) & (rep != 1.0)
-        x = torch.where(hit, torch.where(x > 0, x / rep, x * rep), x)
-    freq = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
-    pres = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
-    x = x - freq * counts - pres * seen
-    scores[index] = x
+    if held:
+        scores[_rows_and_columns([k for k, _ in held], [s.stop_ids for _, s in held])] = -torch.inf
+    # penalties, over each row's output (and, for repetition, its prompt), in float64
+    pen = [(r, k, s) for r, k, s in zip(reqs, rows, states, strict=True) if r.params.penalises]
+    if pen:
+        index = torch.tensor([k for _, k, _ in pen], device=device)
+        f64 = torch.float64
+        outputs = [r.tokens[r.prompt_len :] for r, _, _ in pen]
+        counts = _token_counts(outputs, vocab, device).double()
+        seen = counts > 0
+        x = scores[index].double()
+        params = [r.params for r, _, _ in pen]
+        if any(p.repetition_penalty != 1.0 for p in params):
+            rep = torch.tensor([p.repetition_penalty for p in params], dtype=f64, device=device)
+            rep = rep[:, None]
+            none = torch.zeros(vocab, dtype=torch.bool, device=device)
+            in_prompt = torch.stack([none if s.in_prompt is None else s.in_prompt for *_, s in pen])
+            x = torch.where(seen | in_prompt, torch.where(x > 0, x / rep, x * rep), x)
+        freq = torch.tensor([p.frequency_penalty for p in params], dtype=f64, device=device)
+        pres = torch.tensor([p.presence_penalty for p in params], dtype=f64, device=device)
+        x = x - freq[:, None] * counts - pres[:, None] * seen
+        scores[index] = x.clamp(max=FLOAT32_MAX).to(scores.dtype)
+    scores.clamp_(max=FLOAT32_MAX)  # a bias past float32's largest
+
+
+class _RowState:
+    """One request's adjustments as tensors on the logits' device: ``bias_ids`` and
+    ``bias_values`` (None: no bias), ``stop_ids`` (None: min_tokens holds nothing back),
+    ``in_prompt`` (``[vocab]`` bool, the prompt's tokens; None: no repetition penalty)."""
+
+    __slots__ = ("bias_ids", "bias_values", "stop_ids", "in_prompt")
+
+    def __init__(self, req: Request, vocab: int, device: torch.device) -> None:
+        params = req.params
+        ids, values = params.logit_bias_arrays
+        self.bias_ids = torch.from_numpy(ids.copy()).to(device) if len(ids) else None
+        self.bias_values = torch.from_numpy(values.copy()).to(device) if len(ids) else None
+        self.stop_ids = None
+        if params.min_tokens > 0 and params.stop_token_ids:
+            self.stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.int64, device=device)
+        self.in_prompt = None
+        if params.repetition_penalty != 1.0:
+            self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
+            prompt = torch.from_numpy(req.prompt.astype(np.int64)).to(device)
+            self.in_prompt[prompt] = True
+
+
+def _state_of(req: Request, vocab: int, device: torch.device) -> _RowState:
+    """``req``'s tensors: built the first time it samples (O(its lists and prompt)), then
+    kept on it. Complexity: O(1) after."""
+    state = req.sampler_state
+    if not isinstance(state, _RowState):
+        state = req.sampler_state = _RowState(req, vocab, device)
+    return state
+
+
+def _rows_and_columns(
+    rows: Sequence[int], columns: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(row, column)`` index of every entry of ``columns`` (one tensor of column ids per
+    row of ``rows``), built on the device: host work O(len(rows))."""
+    device = columns[0].device
+    sizes = [len(c) for c in columns]
+    repeats = torch.tensor(sizes, device=device)
+    row_ids = torch.tensor(rows, device=device)
+    return row_ids.repeat_interleave(repeats, output_size=sum(sizes)), torch.cat(columns)
 
 
 def _token_counts(seqs: Sequence[np.ndarray], vocab: int, device: torch.device) -> torch.Tensor:

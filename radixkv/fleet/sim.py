@@ -210,6 +210,7 @@ def build_router(
 
 # --------------------------------------------------------------------------- the simulator
 _WAKE, _DELIVER, _ARRIVE = 0, 1, 2  # same-time order: advance replicas, inform, then route
+_EVENTS_PER_REQUEST = 16  # runs that progress measured at most 4 (the tests, the shared traces)
 
 
 class _Progress(Protocol):
@@ -264,11 +265,27 @@ class _Run:
         self.seq += 1
 
     def loop(self) -> float:
-        """Handle every event in time order; return the time of the last (the makespan)."""
+        """Handle every event in time order; return the time of the last (the makespan).
+
+        A request brings one arrival and at most one event delivery; a replica
+        plans a wake-up (one at a time) on an arrival or on a wake-up that
+        gave a request its first token or finished one, so a run handles a
+        few events per request. ``RuntimeError`` past
+        :data:`_EVENTS_PER_REQUEST` per request: a scheduler planning
+        wake-ups that make no progress, which would otherwise spin forever.
+        """
         handlers = {_WAKE: self.on_wake, _DELIVER: self.on_deliver, _ARRIVE: self.on_arrive}
         heap, clock = self.heap, self.sim.clock
+        left = _EVENTS_PER_REQUEST * (len(self.reqs) + 1)
         now = 0.0
         while heap:
+            left -= 1
+            if left < 0:
+                raise RuntimeError(
+                    f"the simulation handled {_EVENTS_PER_REQUEST} events per request for "
+                    f"{len(self.reqs)} requests and is at {now} s: a replica's scheduler "
+                    "plans wake-ups that make no progress"
+                )
             now, kind, _, payload = heapq.heappop(heap)
             clock.now = now
             handlers[kind](now, payload)
@@ -400,7 +417,8 @@ class FleetSim:
 
         ``ValueError`` for a ``rate`` that is not a number > 0, ``TypeError`` for
         requests that are neither a ``Trace`` nor ``SimRequest`` objects, before
-        anything runs. Mutates the replicas (caches, counters) and the router.
+        anything runs; ``RuntimeError`` if a replica's scheduler stops making
+        progress (a bug). Mutates the replicas (caches, counters) and the router.
         """
         check_number("rate", rate, low=0, strict=True, finite=False)
         reqs = _as_requests(requests)

@@ -21,7 +21,13 @@ also accepts replies that carry the topic before the seq
 
 :class:`EventPublisher` runs one background thread that owns both sockets
 (ZMQ sockets are not thread-safe): :meth:`EventPublisher.publish` encodes the
-batch in the caller's thread, numbers it and queues it. :class:`EventSubscriber`
+batch in the caller's thread, numbers it and queues it. The live stream goes
+first: between two looks at that queue the thread reads at most
+``_REPLAY_REQUESTS_PER_TURN`` replay requests and resends at most
+``_REPLAY_SENDS_PER_TURN`` buffered batches, so no replay client, however fast it
+asks, delays a live batch by more than that much work. A client has one replay
+under way at a time (what it asks meanwhile is dropped); at most ``_MAX_REPLAYS``
+run at once, round-robin, and later requests wait in the socket. :class:`EventSubscriber`
 lives in its caller's thread: :meth:`EventSubscriber.poll` returns the batches
 in sequence order, each exactly once, filling gaps from the replay socket, and
 a :class:`Reset` marker where the replica's view has to start over.
@@ -36,6 +42,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import zmq
@@ -61,10 +68,16 @@ LOCAL_ENDPOINT = "tcp://127.0.0.1:*"  # loopback, a port the OS picks
 
 Received = tuple[int, EventBatch]  # (seq, batch)
 
-# How long the publisher thread waits on its queue before looking at the replay
+# How long the idle publisher thread waits on its queue before looking at the replay
 # socket again: the worst-case extra latency of a replay answer.
 _REPLAY_POLL_S = 0.005
 _START_TIMEOUT_S = 5.0
+# The replay work between two looks at the live queue: what bounds a live batch's wait.
+_REPLAY_REQUESTS_PER_TURN = 16  # requests read
+_REPLAY_SENDS_PER_TURN = 64  # buffered batches resent, in slices of _REPLAY_SLICE per replay
+_REPLAY_SLICE = 32
+_MAX_REPLAYS = 64  # replays under way at once; later requests wait in the socket
+_REPLAY_MAX_FRAME = 64  # bytes; a request's frames are at most 8 (ZMQ drops a peer past it)
 
 
 def offset_endpoint(endpoint: str, offset: int) -> str:
@@ -97,6 +110,37 @@ def offset_endpoint(endpoint: str, offset: int) -> str:
 
 def _seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
+
+
+class _Ring:
+    """The publisher's last ``size`` batches by seq (seqs arrive 0, 1, 2, ...): O(1) each."""
+
+    __slots__ = ("_payloads", "end", "start")
+
+    def __init__(self, size: int) -> None:
+        self._payloads: list[bytes] = [b""] * size
+        self.start = 0  # the oldest seq held
+        self.end = 0  # one past the newest
+
+    def append(self, seq: int, payload: bytes) -> None:
+        size = len(self._payloads)
+        self._payloads[seq % size] = payload
+        self.end = seq + 1
+        self.start = max(self.start, self.end - size)
+
+    def get(self, seq: int) -> bytes:
+        """The payload of ``seq``, which must be in ``[start, end)``."""
+        return self._payloads[seq % len(self._payloads)]
+
+
+@dataclass(slots=True)
+class _Replay:
+    """One client's replay under way: ``route`` its routing frames, ``next`` the next seq to
+    send, ``stop`` one past the last (the newest batch when it asked)."""
+
+    route: tuple[bytes, ...]
+    next: int
+    stop: int
 
 
 class EventPublisher:
@@ -143,6 +187,7 @@ class EventPublisher:
         self._closed = False
         # Test hook: seqs kept in the replay buffer but never sent on PUB (a simulated drop).
         self._skip_live: set[int] = set()
+        self._num_ignored = 0  # malformed replay requests (the thread's)
         self.endpoint = ""
         self.replay_endpoint: str | None = None
         self._ctx = zmq.Context()
@@ -252,6 +297,7 @@ class EventPublisher:
             if replay is not None:
                 # ROUTER drops what exceeds its per-client HWM: leave room for a whole replay.
                 replay.setsockopt(zmq.SNDHWM, self.buffer_size + 1)
+                replay.setsockopt(zmq.MAXMSGSIZE, _REPLAY_MAX_FRAME)
             for sock, name, address in (
                 (pub, "endpoint", endpoint),
                 (replay, "replay_endpoint", replay_endpoint),
@@ -281,17 +327,20 @@ class EventPublisher:
                 replay.close(linger=0)
 
     def _loop(self, pub: zmq.Socket, replay: zmq.Socket | None) -> None:
-        buffer: deque[tuple[int, bytes]] = deque(maxlen=self.buffer_size)
+        ring = _Ring(self.buffer_size)
+        replays: deque[_Replay] = deque()
+        busy: set[bytes] = set()  # the identities of the clients in replays
         topic = self._topic_bytes
         while True:
-            if replay is not None:
-                while replay.poll(0, zmq.POLLIN):
-                    self._serve_replay(replay, buffer)
-            try:
-                item = self._queue.get(timeout=_REPLAY_POLL_S)
+            # The live stream first: everything queued, before any replay work.
+            try:  # idle, wait for a batch; with replays under way, only look
+                if replays:
+                    item = self._queue.get_nowait()
+                else:
+                    item = self._queue.get(timeout=_REPLAY_POLL_S)
             except queue.Empty:
-                continue
-            while True:  # drain what is queued before looking at replay again
+                item = False  # nothing queued (None is the stop sentinel)
+            while item is not False:
                 if item is None:
                     return
                 if isinstance(item, threading.Event):
@@ -300,33 +349,73 @@ class EventPublisher:
                     seq, payload = item
                     if seq not in self._skip_live:
                         pub.send_multipart((topic, _seq_bytes(seq), payload))
-                    buffer.append((seq, payload))
+                    ring.append(seq, payload)
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    item = False
+            if replay is not None:
+                self._take_replay_requests(replay, ring, replays, busy)
+                self._send_replays(replay, ring, replays, busy)
+                if replays:  # let a thread waiting for the GIL (a publish()) in at once
+                    time.sleep(0)
+
+    def _take_replay_requests(
+        self, replay: zmq.Socket, ring: _Ring, replays: deque[_Replay], busy: set[bytes]
+    ) -> None:
+        """Read up to ``_REPLAY_REQUESTS_PER_TURN`` requests, queueing a replay for each
+        well-formed one from a client without one under way."""
+        for _ in range(_REPLAY_REQUESTS_PER_TURN):
+            if len(replays) >= _MAX_REPLAYS:
+                return
+            try:
+                frames = replay.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # [identity, b"", start] from a DEALER that adds the delimiter or a REQ;
+            # [identity, start] from a bare DEALER. Answer with the same routing frames.
+            if len(frames) == 3 and frames[1] == b"":
+                route = tuple(frames[:2])
+            elif len(frames) == 2:
+                route = tuple(frames[:1])
+            else:
+                self._ignore("a malformed replay request of %d frames", len(frames))
+                continue
+            start = frames[-1]
+            if len(start) != 8:
+                self._ignore("a replay request with a %d-byte start_seq", len(start))
+                continue
+            if route[0] in busy:  # one replay a client at a time: a flood costs one
+                continue
+            busy.add(route[0])
+            replays.append(_Replay(route, max(int.from_bytes(start, "big"), ring.start), ring.end))
 
     @staticmethod
-    def _serve_replay(replay: zmq.Socket, buffer: deque[tuple[int, bytes]]) -> None:
-        frames = replay.recv_multipart()
-        # [identity, b"", start] from a DEALER that adds the delimiter or a REQ;
-        # [identity, start] from a bare DEALER. Answer with the same routing frames.
-        if len(frames) == 3 and frames[1] == b"":
-            route = frames[:2]
-        elif len(frames) == 2:
-            route = frames[:1]
-        else:
-            logger.warning("ignoring a malformed replay request of %d frames", len(frames))
-            return
-        start = frames[-1]
-        if len(start) != 8:
-            logger.warning("ignoring a replay request with a %d-byte start_seq", len(start))
-            return
-        start_seq = int.from_bytes(start, "big")
-        for seq, payload in buffer:
-            if seq >= start_seq:
-                replay.send_multipart((*route, _seq_bytes(seq), payload))
-        replay.send_multipart((*route, END_SEQ, b""))
+    def _send_replays(
+        replay: zmq.Socket, ring: _Ring, replays: deque[_Replay], busy: set[bytes]
+    ) -> None:
+        """Send up to ``_REPLAY_SENDS_PER_TURN`` buffered batches, ``_REPLAY_SLICE`` per
+        replay in turn, and the end marker of each replay that reaches its stop."""
+        budget = _REPLAY_SENDS_PER_TURN
+        while budget > 0 and replays:
+            job = replays.popleft()
+            first = max(job.next, ring.start)  # what the ring dropped meanwhile is gone
+            last = min(job.stop, first + _REPLAY_SLICE, first + budget)
+            for seq in range(first, last):
+                replay.send_multipart((*job.route, _seq_bytes(seq), ring.get(seq)))
+            budget -= max(0, last - first)
+            job.next = last
+            if job.next >= job.stop:
+                replay.send_multipart((*job.route, END_SEQ, b""))
+                busy.discard(job.route[0])
+            else:
+                replays.append(job)
+
+    def _ignore(self, what: str, size: int) -> None:
+        """Log an ignored replay request: the 1st, 2nd, 4th, 8th... (a flood stays cheap)."""
+        self._num_ignored += 1
+        if self._num_ignored & (self._num_ignored - 1) == 0:
+            logger.warning("ignoring %s (%d ignored so far)", what % size, self._num_ignored)
 
 
 class EventSubscriber:

@@ -85,14 +85,15 @@ def decode_batch(payload: bytes | bytearray | memoryview) -> EventBatch:
     Raises ``TypeError`` if ``payload`` is not bytes-like; ``ValueError`` naming
     the payload's size, its first bytes and what msgspec found wrong (truncated
     data, a field of the wrong type with its path such as
-    ``$[1][0].block_hashes[0]``, an unknown event type) when it is not a batch.
+    ``$[1][0].block_hashes[0]``, an unknown event type, nesting deeper than the
+    decoder's recursion limit) when it is not a batch.
     Complexity: O(len(payload)).
     """
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
     try:
         return _DECODER.decode(payload)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # an extra key nested too deeply
         head = bytes(payload[:16]).hex()
         more = "..." if len(payload) > 16 else ""
         raise ValueError(

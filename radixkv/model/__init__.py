@@ -6,8 +6,8 @@ sharing :mod:`~radixkv.model.gather`; the Triton kernels of
 :mod:`~radixkv.model.triton_attention`, with :mod:`~radixkv.model.fused_kernels` and the
 decode graphs of :mod:`~radixkv.model.cuda_graphs` for CUDA), the pool
 (:mod:`~radixkv.model.kvpool`), the
-one record a step hands the model (:mod:`~radixkv.model.forward_batch`, the one place
-block ids become tensors), and loading from Hugging Face safetensors or GGUF
+record an eager step hands the model (:mod:`~radixkv.model.forward_batch`, where a
+step's block ids become tensors), and loading from Hugging Face safetensors or GGUF
 (:mod:`~radixkv.model.loading`, with the tokenizers and the GGUF reader of the
 torch-free :mod:`radixkv.text`). Nothing here imports the cache tier: block ids arrive
 as plain integers.

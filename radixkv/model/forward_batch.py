@@ -1,7 +1,8 @@
-"""ForwardBatch: the one record that crosses from the scheduler to the model.
+"""ForwardBatch: the record an eager step hands the model.
 
 The scheduler works on plain ints (block ids, lengths); :meth:`ForwardBatch.build`
-is the one place where they become tensors. It validates the host data, computes
+turns a step's into tensors (a captured decode step's go through
+:func:`~radixkv.model.cuda_graphs.fill_decode_inputs` instead). It validates the host data, computes
 every new token's position and slot and the attention backend's index tensors
 once, and moves them to the device together; the model then only computes
 (``Decoder.forward`` reads the batch and mutates only the pool, writing each new

@@ -5,7 +5,8 @@ num_kv_heads, head_dim]``. Token ``offset`` of block ``b`` lives at slot
 ``b * block_size + offset``, so a block id from :class:`~radixkv.BlockAllocator`
 (same ``num_blocks`` and ``block_size``) addresses the pool directly. The pool
 owns memory only; which blocks are live is the allocator's business, and slots
-are computed in one place, :meth:`~radixkv.model.forward_batch.ForwardBatch.build`.
+are computed by :meth:`~radixkv.model.forward_batch.ForwardBatch.build` (and, for a
+captured decode step, :func:`~radixkv.model.cuda_graphs.fill_decode_inputs`).
 """
 
 from __future__ import annotations

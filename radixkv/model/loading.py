@@ -153,7 +153,10 @@ def load_hf(
     config_path = root / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{root} has no config.json")
-    config = config_from_hf(json.loads(config_path.read_text()))
+    try:
+        config = config_from_hf(json.loads(config_path.read_text()))
+    except RecursionError:  # the parser's nesting limit
+        raise ValueError(f"{config_path}: invalid JSON: it nests too deeply") from None
     shards = sorted(root.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{root} has no *.safetensors")

@@ -180,7 +180,8 @@ def load_trace(
     (``TraceLengthError`` otherwise); ``block_size=None`` skips that check, for
     traces whose ids are not fixed-size blocks. On the first bad line raises
     ``TraceError("FILE:LINE: problem")`` (a ``ValueError``) and returns nothing
-    (no partial trace). ``OSError`` if the file cannot be read.
+    (no partial trace); a line nested deeper than the JSON parser's recursion
+    limit is one such line. ``OSError`` if the file cannot be read.
 
     A file object (e.g. ``sys.stdin.buffer``) is read to its end and not
     closed; messages call it by its ``name`` (``<stdin>``), else ``<stream>``.
@@ -207,6 +208,8 @@ def _parse(f: Iterable[bytes], name: str, block_size: int | None) -> Trace:
             obj = json.loads(raw, parse_constant=_reject_constant)
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity
             raise TraceError(f"{where}: invalid JSON: {exc}") from None
+        except RecursionError:  # the parser's nesting limit: a record nests two deep
+            raise TraceError(f"{where}: invalid JSON: it nests too deeply") from None
         builder.add(obj, where)
     return builder.build()
 

@@ -4,8 +4,8 @@
 
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``, both also as
   server-sent events (``"stream": true``, ending in ``data: [DONE]``);
-- ``GET /v1/models`` and ``GET /v1/models/{id}`` (``max_model_len``: the model's context
-  length where its metadata gives one, else the tokens the KV pool holds), ``GET
+- ``GET /v1/models`` and ``GET /v1/models/{id}`` (``max_model_len``: the most tokens a
+  request gets, the engine's limit or the model's context length if shorter), ``GET
   /version``, vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``;
 - ``GET /health`` (200, or 503 once the engine thread failed), ``GET /metrics``
   (Prometheus text, :mod:`radixkv.serve.metrics`, names under ``metrics_prefix``);
@@ -87,8 +87,9 @@ def build_app(
     body over ``max_body_bytes`` (default: :func:`default_max_body_bytes` of the pool) is a 413,
     refused before it is read whole: parsing a huge body would stall every client.
     ``max_model_len`` is the model's context length
-    (:func:`~radixkv.text.tokenizer.context_length`; None: unknown, and the pool alone
-    bounds a request): ``/v1/models`` reports it and longer requests are refused.
+    (:func:`~radixkv.text.tokenizer.context_length`; None: unknown, and the engine's
+    ``max_model_len`` alone bounds a request): ``/v1/models`` reports the smaller of the
+    two and longer requests are refused.
     ``metrics_prefix`` names the metrics (``"vllm"`` for vLLM's own names).
     ``enable_cache_reset`` adds the operator's cache reset routes (off: any client could
     empty the cache every tenant shares). ``TypeError`` / ``ValueError`` naming the
@@ -210,9 +211,8 @@ class _EngineClient:
 
     @property
     def max_model_len(self) -> int:
-        """Tokens the whole KV pool holds: the longest prompt plus reply there can be."""
-        alloc = self.engine.engine.allocator
-        return alloc.num_blocks * alloc.block_size
+        """The engine's ``max_model_len``: the longest prompt plus reply there can be."""
+        return self.engine.engine.max_model_len
 
     def max_new_tokens(self, prompt_len: int) -> int:
         return self.engine.max_new_tokens(prompt_len)

@@ -171,7 +171,7 @@ class AsyncEngine:
         ``ValueError`` (naming the argument and the value) before anything is
         queued when ``prompt_ids``, ``params`` or ``namespace`` is malformed, a
         token or stop id is outside the model's vocabulary, or the prompt plus
-        ``max_new_tokens`` could never fit the KV pool (see
+        ``max_new_tokens`` is more than the engine's ``max_model_len`` (see
         :meth:`max_new_tokens`). ``RuntimeError`` after :meth:`drain` or while shutting
         down. ``prompt_ids`` is copied. Complexity:
         O(len(prompt_ids)) here; the request runs on the engine thread.
@@ -213,11 +213,10 @@ class AsyncEngine:
         return await self.call(lambda engine: engine.reset_prefix_cache())
 
     def max_new_tokens(self, prompt_len: int) -> int:
-        """The largest ``max_new_tokens`` a prompt of ``prompt_len`` tokens may ask for: its
-        K/V (all but the last new token) must fit the whole pool. 0 if even one token does
-        not fit. Complexity: O(1)."""
-        alloc = self.engine.allocator
-        return max(0, alloc.num_blocks * alloc.block_size - prompt_len + 1)
+        """The largest ``max_new_tokens`` a prompt of ``prompt_len`` tokens may ask for: the
+        two together within the engine's ``max_model_len`` (at most what the pool holds).
+        0 if even one token does not fit. Complexity: O(1)."""
+        return max(0, self.engine.max_model_len - prompt_len)
 
     @property
     def vocab_size(self) -> int:
@@ -264,11 +263,9 @@ class AsyncEngine:
         params.check_vocab(vocab)
         room = self.max_new_tokens(req.prompt_len)
         if params.max_new_tokens > room:
-            alloc = self.engine.allocator
             raise ValueError(
                 f"max_new_tokens is {params.max_new_tokens} but a prompt of {req.prompt_len} "
-                f"tokens leaves room for {room} in a pool of {alloc.num_blocks} blocks of "
-                f"{alloc.block_size} tokens"
+                f"tokens leaves room for {room} within max_model_len {self.engine.max_model_len}"
             )
         return prompt
 

@@ -136,7 +136,7 @@ class Choice:
             self.finish,
             logprobs,
             token_ids=ids,
-            prompt_logprobs=self._prompt_logprobs(),
+            prompt_logprobs=self.prompt_logprobs(),
         )
 
     # ----------------------------------------------------------- streamed
@@ -173,7 +173,7 @@ class Choice:
             if logprobs["tokens"]:
                 self._offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
         text = (self._echo_text() if echo else "") + delta
-        prompt_lp = self._prompt_logprobs() if first else None
+        prompt_lp = self.prompt_logprobs() if first else None
         choice = completion_choice(
             self.index, text, finish, logprobs, token_ids=ids, prompt_logprobs=prompt_lp
         )
@@ -210,7 +210,7 @@ class Choice:
             self.token_ids[start:], self.logprobs[start:], self.tops[start:], self.spec.token_text
         )
 
-    def _prompt_logprobs(self) -> list | None:
+    def prompt_logprobs(self) -> list | None:
         """vLLM's ``prompt_logprobs`` of the choice, where asked (and computed)."""
         pl = self.last.prompt_logprobs if self.last is not None else None
         if self.spec.prompt_logprobs is None or pl is None:

@@ -4,9 +4,12 @@ One replica: the engine of :func:`radixkv.serve.models.build_engine` (over the m
 :func:`radixkv.model.loading.load_model`) behind :func:`radixkv.serve.app.build_app`,
 served by uvicorn. The port is bound and the
 model loaded before the command prints its URL and a ready-to-paste ``curl`` line,
-so a bad flag, a busy port, an unusable ``--model`` or a KV pool (``--num-blocks``,
-``--host-kv-blocks``) larger than the memory available exits 2 with one line on
-stderr before anything is served or allocated. ``--port 0`` takes a free port
+so a bad flag, a busy port, an unusable ``--model`` (a truncated or corrupt GGUF
+included), a KV pool (``--num-blocks``, ``--host-kv-blocks``) larger than the memory
+available, or a ``--max-model-len`` past what the pool holds or the model's context,
+exits 2 with one line on stderr before anything is served or allocated. Without
+``--max-model-len`` a request gets the smaller of those two, which ``/v1/models``
+advertises. ``--port 0`` takes a free port
 (printed). SIGINT (Ctrl-C) and SIGTERM drain the engine: open requests end at once
 with ``finish_reason`` ``"abort"``, new ones get a 503, and the process exits once
 their connections close (0 after SIGINT; SIGTERM's own status, 143, after SIGTERM).
@@ -14,8 +17,8 @@ their connections close (0 after SIGINT; SIGTERM's own status, 143, after SIGTER
 ``--kv-events ENDPOINT[,REPLAY_ENDPOINT]`` publishes the radix cache's KV events as vLLM
 does (ZMQ PUB on ``ENDPOINT``, replay on a ROUTER at ``REPLAY_ENDPOINT``;
 :class:`~radixkv.fleet.transport.EventPublisher`, needs pyzmq), so a router built for
-vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` names
-``/metrics`` as vLLM does.
+vLLM's events can follow one server's cache; ``--metrics-prefix vllm`` (or ``sglang``)
+names ``/metrics`` as vLLM (or SGLang) does.
 
 ``--enable-cache-reset`` adds vLLM's ``POST /reset_prefix_cache`` and SGLang's ``POST
 /flush_cache`` (:func:`radixkv.serve.app.build_app`); ``--enable-router-view`` a fleet's
@@ -88,6 +91,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-num-seqs", type=positive_int, default=64, help="most requests batched at once"
     )
     p.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="most tokens a request may have, prompt plus max_tokens (vLLM's flag; default: "
+        "the model's context length or what the KV pool holds, whichever is smaller; more "
+        "than either is refused; one server, not a fleet)",
+    )
+    p.add_argument(
         "--host-kv-blocks",
         type=int_in(0, 2**31 - 1),
         default=0,
@@ -114,8 +125,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metrics-prefix",
         default="radixkv",
-        help="prefix of /metrics names: 'radixkv' (default) or 'vllm' for vLLM's own names, "
-        "so dashboards built for vLLM read this server unchanged",
+        help="prefix of /metrics names: 'radixkv' (default), 'vllm' for vLLM's own names or "
+        "'sglang' for SGLang's, so dashboards built for either engine read this server",
     )
     p.add_argument(
         "--kv-events",
@@ -185,7 +196,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
         from radixkv.serve.metrics import check_prefix
-        from radixkv.serve.models import build_engine, engine_config
+        from radixkv.serve.models import build_engine, default_max_model_len, engine_config
         from radixkv.serve.protocol import utf8_problem
         from radixkv.text.tokenizer import context_length, model_name
     except ImportError as exc:
@@ -230,6 +241,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "host_kv_blocks": args.host_kv_blocks,
         "prefix_caching": args.enable_prefix_caching,
         "cuda_graphs": not args.enforce_eager,
+        "max_model_len": args.max_model_len,
     }
     try:
         config = engine_config(**settings)
@@ -249,10 +261,25 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sock.close()
         return fail(PROG, f"--model: {exc}")
+    context = context_length(args.model)
+    if args.max_model_len is None:
+        try:
+            settings["max_model_len"] = default_max_model_len(config, model, context)
+        except ValueError as exc:  # the default pool is below one block of this model
+            sock.close()
+            return fail(PROG, f"--num-blocks: {exc}")
+    elif context is not None and args.max_model_len > context:
+        sock.close()
+        return fail(
+            PROG, f"--max-model-len {args.max_model_len} is more than the model's context "
+            f"length, {context}"
+        )  # fmt: skip
     problem = _kv_memory_problem(args, model, config)
     if problem is None:
         try:
             engine = build_engine((model, tokenizer), events=endpoints is not None, **settings)
+        except ValueError as exc:  # the engine refuses a max_model_len its pool cannot hold
+            problem = f"--max-model-len: {exc}; lower it or raise --num-blocks"
         except (MemoryError, RuntimeError) as exc:  # torch's allocation failure, past the check
             problem = f"--num-blocks/--host-kv-blocks: cannot allocate the KV pool: {exc}"
     if problem is not None:
@@ -269,7 +296,6 @@ def run_serve(args: argparse.Namespace) -> int:
     app = build_app(
         async_engine,
         model_name=name,
-        max_model_len=context_length(args.model),
         metrics_prefix=args.metrics_prefix,
         enable_cache_reset=args.enable_cache_reset,
     )
@@ -402,6 +428,11 @@ def _run_fleet(args: argparse.Namespace) -> int:
         return fail(PROG, "--replicas > 1 needs --router NAME")
     if args.host_kv_blocks:
         return fail(PROG, "--host-kv-blocks is for one server; a fleet's replicas have none yet")
+    if args.max_model_len is not None:
+        return fail(
+            PROG, "--max-model-len is for one server; a fleet's replicas take the smaller of "
+            "the model's context and their pool"
+        )  # fmt: skip
     endpoints: list[str | None] = [None, None]
     if args.kv_events is not None:
         given = _kv_events(args.kv_events)

@@ -93,14 +93,16 @@ class _Reply:
     include_usage: bool
     continuous_usage: bool  # usage on every chunk (vLLM's continuous_usage_stats)
     received: float  # loop clock (time.perf_counter) when the request arrived
+    ended: dict[int, int] = dataclasses.field(default_factory=dict)  # prompt -> choices ended
 
 
 class OpenAIHandlers:
     """The endpoints' logic over ``client``, apart from routing, for the model ``model_name``.
 
     ``context_len`` is the model's context length (the longest prompt plus reply it takes;
-    None: only the pool bounds it), which ``/v1/models`` reports as ``max_model_len``
-    (else the client's); ``metrics`` records each choice's latencies and lengths.
+    None: only the client's limit, the pool's, bounds it); ``/v1/models`` reports the
+    smaller of the two as ``max_model_len``; ``metrics`` records each choice's latencies
+    and lengths.
     ``request``, where a route passes it, is watched: a client that disconnects has
     its request aborted.
     """
@@ -136,8 +138,12 @@ class OpenAIHandlers:
 
     @property
     def max_model_len(self) -> int | None:
-        """The model's context length where known, else the tokens the pool holds."""
-        return self.context_len if self.context_len is not None else self.client.max_model_len
+        """The most tokens a request may have, prompt plus ``max_tokens``: the client's limit
+        (the pool's), or the model's context length where that is shorter."""
+        limit = self.client.max_model_len
+        if self.context_len is None:
+            return limit
+        return self.context_len if limit is None else min(limit, self.context_len)
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [self.model_card()]}
@@ -226,7 +232,7 @@ class OpenAIHandlers:
             body.messages,
             body.add_generation_prompt,
             body.continue_final_message,
-            body.chat_template_kwargs,
+            body.template_variables(),
         )
         reply = await self._start(
             body, [Prompt(ids)], "messages", DEFAULT_CHAT_MAX_TOKENS, received
@@ -309,8 +315,8 @@ class OpenAIHandlers:
         if room == 0:
             raise ApiError(
                 400,
-                f"the prompt is {prompt_len} tokens; the KV pool holds at most "
-                f"{self.client.max_model_len} tokens",
+                f"the prompt is {prompt_len} tokens; a request may have at most "
+                f"{self.client.max_model_len} tokens, prompt plus max_tokens",
                 param=prompt_param,
                 code="context_length_exceeded",
             )
@@ -475,8 +481,11 @@ class OpenAIHandlers:
             raise as_api_error(exc) from None
         obj = "chat.completion" if reply.spec.chat else "text_completion"
         choices = [c.response() for c in reply.choices]
-        usage = usage_of(reply.choices, reply.prompts)
-        return JSONResponse(envelope(reply.rid, obj, self.model_name, choices, usage=usage))
+        extra: dict[str, Any] = {"usage": usage_of(reply.choices, reply.prompts)}
+        if reply.spec.chat and reply.spec.prompt_logprobs is not None:
+            # vLLM's place for a chat's: the response's, since every choice has one prompt
+            extra["prompt_logprobs"] = reply.choices[0].prompt_logprobs()
+        return JSONResponse(envelope(reply.rid, obj, self.model_name, choices, **extra))
 
     async def _outputs(
         self, reply: _Reply, request: Request | None
@@ -505,7 +514,7 @@ class OpenAIHandlers:
         if call is None:
             delta, finish = choice.step(None, time.perf_counter())
             yield None, delta, finish
-            self.metrics.finished(choice, reply.received, time.perf_counter())
+            self._record(choice, reply)
             return
         try:
             async for out in call:
@@ -514,10 +523,20 @@ class OpenAIHandlers:
                     raise ApiError(500, out.error or "the engine failed", type_="internal_error")
                 yield out, delta, finish
                 if finish is not None:
-                    self.metrics.finished(choice, reply.received, time.perf_counter())
+                    self._record(choice, reply)
                     return
         finally:
             await call.aclose()
+
+    def _record(self, choice: Choice, reply: _Reply) -> None:
+        """Record that ``choice`` ended; once all of its prompt's ``n`` choices have, the
+        longest output among them. O(n) for the last of them, O(1) before."""
+        self.metrics.finished(choice, reply.received, time.perf_counter())
+        pi, n = choice.prompt_index, len(reply.choices) // len(reply.prompts)
+        reply.ended[pi] = ended = reply.ended.get(pi, 0) + 1
+        if ended == n:  # a prompt's choices are consecutive, n of them
+            siblings = reply.choices[pi * n : (pi + 1) * n]
+            self.metrics.prompt_finished(max(len(c.token_ids) for c in siblings))
 
     async def _events(self, reply: _Reply, request: Request | None) -> AsyncIterator[str]:
         """The server-sent events of a streamed response, ending in ``[DONE]``."""

@@ -7,7 +7,9 @@ requests' histograms and ``request_success`` are the ingress's, which sees every
 whichever replica runs it. Names are vLLM's under a prefix, ``radixkv:`` by default;
 ``prefix="vllm"`` (``radixkv serve --metrics-prefix vllm``, ``FleetIngress(...,
 metrics_prefix="vllm")``) emits vLLM's own names, so dashboards and alerts built for
-vLLM read a radixkv server unchanged. With prefix ``p``:
+vLLM read a radixkv server unchanged. ``prefix="sglang"`` emits SGLang's names for the
+series SGLang also defines (:data:`ENGINE_NAMES`, the one table of renamings), so
+SGLang's dashboard reads it. With prefix ``p`` (vLLM's names):
 
 ==========================================  =========  =====================================
 name                                        type       meaning
@@ -15,6 +17,9 @@ name                                        type       meaning
 ``p:num_requests_running``                  gauge      requests in the running batch
 ``p:num_requests_waiting``                  gauge      requests queued for admission
 ``p:kv_cache_usage_perc``                   gauge      fraction of KV blocks requests hold
+``p:cache_hit_rate``                        gauge      prefix cache hits / queries (SGLang's)
+``p:gen_throughput``                        gauge      tokens generated a second since the
+                                                       previous scrape (SGLang's)
 ``p:prefix_cache_queries_total``            counter    prompt tokens looked up in the cache
 ``p:prefix_cache_hits_total``               counter    prompt tokens found there
 ``p:num_preemptions_total``                 counter    requests preempted
@@ -34,6 +39,7 @@ name                                        type       meaning
 ``p:request_decode_time_seconds``           histogram  first token to last token
 ``p:request_prompt_tokens``                 histogram  prompt tokens per choice
 ``p:request_generation_tokens``             histogram  tokens generated per choice
+``p:request_max_num_generation_tokens``     histogram  a prompt's longest of its ``n`` outputs
 ``p:request_params_n``                      histogram  ``n`` per request
 ``p:request_params_max_tokens``             histogram  ``max_tokens`` per request
 ``p:host_cache_*``                          counters   the host tier, where one exists
@@ -56,6 +62,7 @@ reaches one of them: its requests only.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -71,12 +78,14 @@ if TYPE_CHECKING:
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_PREFIX",
+    "ENGINE_NAMES",
     "METRICS",
     "NO_REQUEST_METRICS",
     "FINISH_REASONS",
     "RequestMetrics",
     "ServerMetrics",
     "check_prefix",
+    "metric_name",
     "render_fleet_metrics",
     "render_metrics",
 ]
@@ -113,6 +122,30 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("generation_tokens", "counter", "generation_tokens", "Tokens generated."),
     ("failed_steps", "counter", "failed_steps", "Engine steps that failed."),
 )
+
+# Another engine's names for the series it also defines, by the prefix that selects them:
+# each key is a series' name here (vLLM's, counters without ``_total``), each value that
+# engine's. SGLang's are its SchedulerMetricsCollector's and TokenizerMetricsCollector's
+# (python/sglang/srt/metrics/collector.py); the rest it names as vLLM does, or not at all.
+ENGINE_NAMES: dict[str, dict[str, str]] = {
+    "sglang": {
+        "num_requests_running": "num_running_reqs",
+        "num_requests_waiting": "num_queue_reqs",
+        "kv_cache_usage_perc": "token_usage",
+        "prefix_cache_hits": "cached_tokens",
+        "request_finished": "num_requests",
+        "request_queue_time_seconds": "queue_time_seconds",
+        "request_prompt_tokens": "prompt_tokens_histogram",
+        "request_generation_tokens": "generation_tokens_histogram",
+    },
+}
+
+
+def metric_name(prefix: str, series: str) -> str:
+    """The full name of ``series`` (its name in :data:`METRICS` or the module table) under
+    ``prefix``: the engine's own name where :data:`ENGINE_NAMES` has one for ``prefix``."""
+    return f"{prefix}:{ENGINE_NAMES.get(prefix, {}).get(series, series)}"
+
 
 # (name, TierStats field, help): the host tier's counters
 TIER_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -175,6 +208,9 @@ class _NoRequestMetrics:
     def finished(self, choice: Choice, received: float, now: float) -> None:
         pass
 
+    def prompt_finished(self, max_output_len: int) -> None:
+        pass
+
 
 NO_REQUEST_METRICS: Any = _NoRequestMetrics()
 
@@ -191,7 +227,8 @@ class RequestMetrics:
         label = ["model_name"]
 
         def hist(name: str, doc: str, buckets: Any) -> Any:
-            return Histogram(f"{p}:{name}", doc, label, registry=registry, buckets=buckets).labels(
+            full = metric_name(p, name)
+            return Histogram(full, doc, label, registry=registry, buckets=buckets).labels(
                 model_name
             )
 
@@ -215,12 +252,17 @@ class RequestMetrics:
         self.output_len = hist(
             "request_generation_tokens", "Generated tokens per request.", lengths
         )
+        self.max_output_len = hist(
+            "request_max_num_generation_tokens",
+            "The most tokens any of a prompt's n choices generated.",
+            lengths,
+        )
         self.n = hist("request_params_n", "The n request parameter.", (1, 2, 5, 10, 20))
         self.max_tokens = hist(
             "request_params_max_tokens", "The max_tokens request parameter.", lengths
         )
         success = Counter(
-            f"{p}:request_success",
+            metric_name(p, "request_success"),
             "Requests (choices) that ended, by finish reason.",
             [*label, "finished_reason"],
             registry=registry,
@@ -231,6 +273,11 @@ class RequestMetrics:
         """A request with ``n`` choices per prompt and ``max_tokens`` arrived."""
         self.n.observe(n)
         self.max_tokens.observe(max_tokens)
+
+    def prompt_finished(self, max_output_len: int) -> None:
+        """Every choice of one prompt ended; the longest generated ``max_output_len`` tokens
+        (vLLM's ``request_max_num_generation_tokens``: a vLLM request is one prompt)."""
+        self.max_output_len.observe(max_output_len)
 
     def finished(self, choice: Choice, received: float, now: float) -> None:
         """``choice`` ended at ``now``; its request arrived at ``received`` (loop clock)."""
@@ -260,13 +307,25 @@ class RequestMetrics:
 
 class _EngineCollector:
     """The engine snapshot's gauges and counters (and the host tier's), per ``key``
-    (None: one engine; else a replica id, as the ``replica`` label)."""
+    (None: one engine; else a replica id, as the ``replica`` label), with two gauges
+    derived from them: ``cache_hit_rate`` and ``gen_throughput`` (over the time since the
+    previous collection of that key; 0 at the first)."""
 
     def __init__(self, model_name: str, prefix: str) -> None:
         self.model_name = model_name
         self.prefix = check_prefix(prefix)
         self.samples: Mapping[str | None, EngineMetrics] = {}
         self.tiers: TierStats | None = None
+        self._generated: dict[str | None, tuple[float, int]] = {}  # key -> (when, tokens)
+
+    def _throughput(self, key: str | None, generated: int) -> float:
+        """Tokens a second since ``key``'s previous collection (0 at its first)."""
+        now = time.monotonic()
+        before = self._generated.get(key)
+        self._generated[key] = (now, generated)
+        if before is None or now <= before[0]:
+            return 0.0
+        return max(0, generated - before[1]) / (now - before[0])
 
     def collect(self) -> Iterator[Metric]:
         p, samples = self.prefix, self.samples
@@ -278,19 +337,37 @@ class _EngineCollector:
         for name, kind, field, help_ in METRICS:
             family: Any
             if kind == "gauge":
-                family = GaugeMetricFamily(f"{p}:{name}", help_, labels=labels)
+                family = GaugeMetricFamily(metric_name(p, name), help_, labels=labels)
             else:
-                family = CounterMetricFamily(f"{p}:{name}", help_, labels=labels)
+                family = CounterMetricFamily(metric_name(p, name), help_, labels=labels)
             for key, m in samples.items():
                 family.add_metric(values(key), float(getattr(m, field)))
             yield family
+        hit_rate = GaugeMetricFamily(
+            metric_name(p, "cache_hit_rate"),
+            "Fraction of prompt tokens looked up in the prefix cache that were found.",
+            labels=labels,
+        )
+        throughput = GaugeMetricFamily(
+            metric_name(p, "gen_throughput"),
+            "Tokens generated a second since the previous scrape.",
+            labels=labels,
+        )
+        for key, m in samples.items():
+            queries = m.prefix_cache_queries
+            hit_rate.add_metric(values(key), m.prefix_cache_hits / queries if queries else 0.0)
+            throughput.add_metric(values(key), self._throughput(key, m.generation_tokens))
+        yield hit_rate
+        yield throughput
         if self.tiers is not None:
             for name, field, help_ in TIER_METRICS:
-                family = CounterMetricFamily(f"{p}:{name}", help_, labels=["model_name"])
+                family = CounterMetricFamily(metric_name(p, name), help_, labels=["model_name"])
                 family.add_metric([self.model_name], float(getattr(self.tiers, field)))
                 yield family
             gauge = GaugeMetricFamily(
-                f"{p}:host_cache_blocks", "Blocks the host tier holds.", labels=["model_name"]
+                metric_name(p, "host_cache_blocks"),
+                "Blocks the host tier holds.",
+                labels=["model_name"],
             )
             gauge.add_metric([self.model_name], float(self.tiers.host_blocks))
             yield gauge

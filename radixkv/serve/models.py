@@ -9,27 +9,37 @@ loader live below: :mod:`radixkv.text.tokenizer` and :func:`radixkv.model.loadin
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import TYPE_CHECKING
 
-from radixkv.cache.hashing import ChainHasher
+from radixkv.cache.hashing import ChainHasher, vllm_hash_seed
 from radixkv.checks import check_bool
 from radixkv.engine.engine import Engine, EngineConfig
 from radixkv.model.loading import check_model_options, load_model
+from radixkv.text.tokenizer import context_length
 
 if TYPE_CHECKING:
     import torch
 
     from radixkv.text.tokenizer import Tokenizer
 
-__all__ = ["build_engine", "check_engine_options", "engine_config", "event_hasher"]
+__all__ = [
+    "build_engine",
+    "check_engine_options",
+    "default_max_model_len",
+    "engine_config",
+    "event_hasher",
+]
 
 
-def event_hasher(seed: int | str = 0) -> ChainHasher:
+def event_hasher(seed: int | str | None = None) -> ChainHasher:
     """The chain hash a serving cache names its blocks with: vLLM's ``sha256_cbor`` when
-    ``cbor2`` is installed, else ``xxhash``."""
+    ``cbor2`` is installed, else ``xxhash``, seeded with ``seed``; None takes vLLM's seed
+    rule in this process (:func:`~radixkv.cache.hashing.vllm_hash_seed`: ``PYTHONHASHSEED``,
+    else ``"vllm-none-hash"``), so the blocks are named as a vLLM server here names them."""
     name = "sha256_cbor" if importlib.util.find_spec("cbor2") is not None else "xxhash"
-    return ChainHasher(name, seed=seed)
+    return ChainHasher(name, seed=vllm_hash_seed() if seed is None else seed)
 
 
 def check_engine_options(dtype: str, attention_backend: str | None, cuda_graphs: bool) -> None:
@@ -50,12 +60,13 @@ def engine_config(
     host_kv_blocks: int = 0,
     prefix_caching: bool = True,
     cuda_graphs: bool = True,
+    max_model_len: int | None = None,
 ) -> EngineConfig:
     """The :class:`~radixkv.engine.EngineConfig` a served engine runs with (a radix cache,
     or none when not ``prefix_caching``: every prompt computed in full, vLLM's
     ``--no-enable-prefix-caching``; ``num_blocks`` None sizes the pool from the default KV
     memory; ``cuda_graphs`` False runs every decode step eagerly, vLLM's
-    ``--enforce-eager``). What
+    ``--enforce-eager``; ``max_model_len`` None: all the pool holds). What
     :func:`build_engine` builds over, so a caller can check the pool before building
     (``radixkv serve`` checks it fits in memory). ``ValueError`` naming a bad setting."""
     return EngineConfig(
@@ -66,7 +77,20 @@ def engine_config(
         host_kv_blocks=host_kv_blocks,
         cache="radix" if check_bool("prefix_caching", prefix_caching) else None,
         cuda_graphs=cuda_graphs,
+        max_model_len=max_model_len,
     )
+
+
+def default_max_model_len(
+    config: EngineConfig, model: torch.nn.Module, context_len: int | None
+) -> int | None:
+    """The ``max_model_len`` a served engine over ``model`` runs with unless told: the
+    model's context length ``context_len`` or the tokens ``config``'s pool holds, whichever
+    is smaller (None, all the pool holds, where the context is unknown). A request can get
+    what ``/v1/models`` advertises (vLLM refuses to start otherwise)."""
+    if context_len is None:
+        return None
+    return min(context_len, config.pool_blocks(model) * config.block_size)
 
 
 def build_engine(
@@ -75,6 +99,7 @@ def build_engine(
     block_size: int = 16,
     num_blocks: int | None = None,
     events: bool = False,
+    hash_seed: int | str | None = None,
     seed: int = 0,
     max_num_seqs: int = 64,
     host_kv_blocks: int = 0,
@@ -83,6 +108,7 @@ def build_engine(
     cuda_graphs: bool = True,
     dtype: str = "auto",
     attention_backend: str | None = None,
+    max_model_len: int | None = None,
 ) -> Engine:
     """An :class:`~radixkv.engine.Engine` over the model ``spec`` names, with its tokenizer
     set (``engine.tokenizer``) and a radix cache, configured by :func:`engine_config`.
@@ -93,9 +119,13 @@ def build_engine(
     special tokens, see :class:`~radixkv.text.tokenizer.ChatTokenizer`), or a
     ``(decoder, tokenizer)`` pair ``load_model`` returned (those three were the loader's
     to apply: ``ValueError`` if given here). ``events=True`` builds the cache with KV events on
-    (:func:`event_hasher`, seed 0, so every replica names a block alike);
+    (``event_hasher(hash_seed)``: None is vLLM's seed rule in this process; a fleet passes
+    every replica one seed, so they name a block alike);
     ``engine.cache.take_events()`` returns them. ``host_kv_blocks`` > 0 adds a
-    host-memory tier of that many blocks; ``prefix_caching=False`` caches nothing. The
+    host-memory tier of that many blocks; ``prefix_caching=False`` caches nothing.
+    ``max_model_len`` (the most tokens a request may have) None: for a ``spec`` string,
+    :func:`default_max_model_len` of its context length; for a pair, all the pool holds;
+    more than the pool holds is a ``ValueError``, before the pool is allocated. The
     settings are checked before the model loads: ``ValueError`` naming the bad setting,
     or ``spec`` (see :func:`load_model`); ``TypeError`` for a ``spec`` that is neither a
     str nor a pair.
@@ -108,6 +138,7 @@ def build_engine(
         host_kv_blocks=host_kv_blocks,
         prefix_caching=prefix_caching,
         cuda_graphs=cuda_graphs,
+        max_model_len=max_model_len,
     )
     if isinstance(spec, str):
         decoder, tokenizer = load_model(
@@ -117,6 +148,9 @@ def build_engine(
             dtype=dtype,
             attention_backend=attention_backend,
         )
+        if max_model_len is None:
+            limit = default_max_model_len(config, decoder, context_length(spec))
+            config = dataclasses.replace(config, max_model_len=limit)
     elif isinstance(spec, tuple) and len(spec) == 2:
         given = {
             "special_tokens_in_content": special_tokens_in_content,
@@ -133,5 +167,5 @@ def build_engine(
         raise TypeError(
             f"spec must be a str or a (decoder, tokenizer) pair, got {type(spec).__name__}"
         )
-    hasher = event_hasher() if events else None
+    hasher = event_hasher(hash_seed) if events else None
     return Engine(decoder, config, tokenizer=tokenizer, events=hasher)

@@ -15,15 +15,18 @@ of token-id lists; ``n`` choices per prompt (``best_of`` 1 or ``n``); sampling
 ``min_tokens``, stops (``stop``, vLLM's ``stop_token_ids`` and ``ignore_eos``),
 logprobs (completions ``logprobs`` 0-20 and ``echo``; chat ``logprobs`` and
 ``top_logprobs``; vLLM's ``prompt_logprobs``), vLLM's ``cache_salt``,
-``return_token_ids``, ``return_tokens_as_token_ids`` and ``truncate_prompt_tokens``,
-chat's ``add_generation_prompt`` and ``continue_final_message``, and vLLM's
-``chat_template_kwargs`` (extra variables of the chat template, chat and ``/tokenize``).
+``return_token_ids``, ``return_tokens_as_token_ids`` and ``truncate_prompt_tokens``
+(-1 or k >= 1: 0 is refused), chat's ``add_generation_prompt`` and
+``continue_final_message``, vLLM's ``chat_template_kwargs`` (extra variables of the chat
+template, chat and ``/tokenize``) and chat's ``reasoning_effort`` (one more such
+variable, as vLLM passes it).
 
 Every string must be valid Unicode, encodable as UTF-8: JSON's ``"\\ud800"`` escape
 (a lone surrogate) is legal JSON but no text, so a field holding one is a 400
 naming it; ``user`` and ``cache_salt`` become cache namespaces, so nothing
 unencodable reaches the cache. ``stop`` holds at most :data:`MAX_STOP` entries, each
-string at most :data:`MAX_STOP_LEN` characters (OpenAI allows 4 stop sequences). A
+string at most :data:`MAX_STOP_LEN` characters (OpenAI allows 4 stop sequences);
+``logit_bias`` and ``stop_token_ids`` at most :data:`MAX_TOKEN_IDS` entries each. A
 chat holds at most :data:`MAX_MESSAGES` messages, each at most
 :data:`MAX_CONTENT_PARTS` text parts, and ``chat_template_kwargs`` at most
 :data:`MAX_TEMPLATE_VALUES` values nested at most :data:`MAX_TEMPLATE_DEPTH` deep.
@@ -71,6 +74,7 @@ __all__ = [
     "MAX_STOP_LEN",
     "MAX_TEMPLATE_DEPTH",
     "MAX_TEMPLATE_VALUES",
+    "MAX_TOKEN_IDS",
     "NOT_IMPLEMENTED",
     "StreamOptions",
     "TokenizeRequest",
@@ -105,6 +109,11 @@ room for OpenAI's 128 tools with their parameter schemas."""
 MAX_TEMPLATE_DEPTH = 32
 """Deepest value in ``chat_template_kwargs``: the variables are at depth 1, an item of a
 list variable at 2, and so on."""
+MAX_TOKEN_IDS = 2**18
+"""Most entries of ``logit_bias`` and of ``stop_token_ids`` (262,144): one for every token
+of the largest vocabularies served (Qwen's 151,936, Gemma 2's 256,000)."""
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+"""The values of chat's ``reasoning_effort`` (OpenAI's, and vLLM's ``max``)."""
 
 
 class FieldError(ValueError):
@@ -222,7 +231,6 @@ _CHAT_NOT_IMPLEMENTED = {
     "documents": ([],),
     "echo": (False,),
     "add_special_tokens": (False,),
-    "reasoning_effort": (),
     "audio": (),
     "modalities": (["text"],),
     "prediction": (),
@@ -357,6 +365,8 @@ class _Sampling(_Strict):
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_ids(cls, v: list[int] | None) -> list[int] | None:
+        if len(v or []) > MAX_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_TOKEN_IDS} token ids, got {len(v or [])}")
         for t in v or []:
             if t < 0:
                 raise ValueError(f"token ids must be >= 0, got {t}")
@@ -365,6 +375,8 @@ class _Sampling(_Strict):
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if len(v or {}) > MAX_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_TOKEN_IDS} entries, got {len(v or {})}")
         for key, bias in (v or {}).items():
             if not (key.isascii() and key.isdigit()):
                 raise ValueError(f"keys must be token ids written as strings, got {brief(key)}")
@@ -373,6 +385,16 @@ class _Sampling(_Strict):
                     f"biases lie in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
                     f"got {bias!r} for token {key}"
                 )
+        return v
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate(cls, v: int | None) -> int | None:
+        if v == 0:  # vLLM's SamplingParams refuses it too; keeping no token is no prompt
+            raise ValueError(
+                "must be -1 (as many tokens as the model takes) or at least 1 (keep the "
+                "prompt's last k tokens), got 0"
+            )
         return v
 
     def stop_strings(self) -> list[str]:
@@ -583,7 +605,10 @@ class ChatCompletionRequest(_Sampling):
     ``add_generation_prompt`` (default true) ends the prompt with the assistant's header;
     ``continue_final_message`` instead leaves the final message open, so the reply
     continues it (the two exclude each other, as in vLLM). ``chat_template_kwargs`` are
-    extra variables of the template (:func:`check_chat_template_kwargs`).
+    extra variables of the template (:func:`check_chat_template_kwargs`), and so is
+    ``reasoning_effort`` where sent (:meth:`template_variables`). ``prompt_logprobs`` come
+    in the response beside ``usage``, as vLLM puts them, and not with ``stream`` (as in
+    vLLM: a chat chunk has no place for them).
     """
 
     NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = _CHAT_NOT_IMPLEMENTED
@@ -605,7 +630,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: Any = None
     echo: Any = None
-    reasoning_effort: Any = None
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -623,11 +648,34 @@ class ChatCompletionRequest(_Sampling):
     def num_top_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def template_variables(self) -> dict[str, Any]:
+        """The chat template's extra variables: ``chat_template_kwargs``, with
+        ``reasoning_effort`` where sent (as vLLM passes it: gpt-oss's template reads it; a
+        template that does not renders as without it)."""
+        variables = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+        return variables
+
     def check(self) -> None:
         super().check()
         if self.top_logprobs and not self.logprobs:
             raise FieldError(
                 "top_logprobs", f"top_logprobs needs logprobs: true, got {self.top_logprobs}"
+            )
+        if self.stream and self.prompt_logprobs is not None:
+            raise FieldError(
+                "prompt_logprobs",
+                "prompt_logprobs are not available with stream: true in chat (as in vLLM: "
+                f"send stream: false), got {self.prompt_logprobs}",
+            )
+        if self.reasoning_effort is not None and "reasoning_effort" in (
+            self.chat_template_kwargs or {}
+        ):
+            raise FieldError(
+                "reasoning_effort",
+                "reasoning_effort is sent both as a field and in chat_template_kwargs: "
+                "send it once",
             )
         if self.continue_final_message and self.add_generation_prompt:
             raise FieldError(

@@ -111,8 +111,9 @@ class TextStream:
 
     ``decode`` maps token ids to text (special tokens left out); ``stop`` are the
     stop strings (empty ones are ignored); ``stop_token_ids`` the ids whose text is
-    dropped when one ends the output. A stop string found before the output holds
-    ``min_tokens`` tokens does not end it (vLLM's rule: stops wait for ``min_tokens``).
+    dropped when one ends the output. A stop string that ends in the text of the first
+    ``min_tokens - 1`` tokens does not end it (vLLM's rule: stops are checked once the
+    output holds ``min_tokens`` tokens), however many ids each push brings.
 
     >>> ts = TextStream(lambda ids: bytes(ids).decode(errors="replace"), stop=["!"])
     >>> ts.push(list(b"hi"), finished=False), ts.push(list(b"hi! more"), finished=False)
@@ -136,6 +137,7 @@ class TextStream:
         # incremental decoding: the window is ids[_prefix:], its head ids[_prefix:_read]
         # (text _head, already taken); _taken characters past the head are taken too
         self._prefix = self._read = self._taken = 0
+        self._num_ids = 0  # output ids pushed so far
         self._head = ""
         self._decoded = ""  # the text of the settled ids (the matcher has read it all)
         self.text = ""
@@ -152,6 +154,13 @@ class TextStream:
         """
         if self.stopped:
             return ""
+        early = self._min_tokens - 1  # the ids whose text no stop string may end in
+        if self._num_ids < early < len(output_ids):
+            # a push of several ids across min_tokens (a slow consumer's) reads the early
+            # ones first, as one id a push would: a stop string ending in them stays text
+            head = self.push(output_ids[:early], finished=False)
+            return head + self.push(output_ids, finished)
+        self._num_ids = len(output_ids)
         ids = output_ids
         if finished and ids and ids[-1] in self._stop_ids:
             ids = ids[:-1]

@@ -589,13 +589,16 @@ def load_hf_tokenizer(
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; {} when the file is absent."""
+    """The JSON object in ``path``; {} when the file is absent. ``ValueError`` naming ``path``
+    for invalid JSON, nesting deeper than the parser's recursion limit included."""
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: {exc}") from exc
+    except RecursionError:
+        raise ValueError(f"{path}: invalid JSON: it nests too deeply") from None
     return data if isinstance(data, dict) else {}
 
 

@@ -103,8 +103,10 @@ class EngineReplica:
     (:func:`~radixkv.fleet.transport.offset_endpoint`: rank 1 of ``tcp://*:5557``
     publishes on 5558). Either way the bound addresses are in :meth:`stats` (the
     ingress's ``/replicas``) and the replica's Serve metadata. ``torch_threads`` caps
-    the model's CPU threads (replicas on one machine share its cores); ``dtype``,
-    ``attention_backend`` and ``cuda_graphs`` go to ``build_engine``.
+    the model's CPU threads (replicas on one machine share its cores); ``hash_seed``
+    (the driver's, passed by :func:`build_fleet_app`: a Ray worker's environment need
+    not be the driver's), ``dtype``, ``attention_backend`` and ``cuda_graphs`` go to
+    ``build_engine``.
     """
 
     async def __init__(
@@ -119,6 +121,7 @@ class EngineReplica:
         event_endpoint: str | None = None,
         replay_endpoint: str | None = None,
         torch_threads: int | None = None,
+        hash_seed: int | str | None = None,
         dtype: str = "auto",
         attention_backend: str | None = None,
         cuda_graphs: bool = True,
@@ -132,6 +135,7 @@ class EngineReplica:
             block_size=block_size,
             num_blocks=num_blocks,
             events=True,
+            hash_seed=hash_seed,
             seed=seed,
             max_num_seqs=max_num_seqs,
             dtype=dtype,
@@ -147,7 +151,7 @@ class EngineReplica:
         await self.engine.start()
         hasher = engine.cache.events_hasher
         alloc = engine.allocator
-        self._limits = EngineLimits(self.engine.vocab_size, alloc.num_blocks * alloc.block_size)
+        self._limits = EngineLimits(self.engine.vocab_size, engine.max_model_len)
         self.info = ReplicaInfo(
             event_endpoint=self._publisher.endpoint,
             replay_endpoint=self._publisher.replay_endpoint,
@@ -272,7 +276,9 @@ def build_fleet_app(
     ``router`` is a radixkv policy (a name in ``ROUTERS``; ``router_options``
     go to its constructor) run by :class:`PrefixRouter`, or ``"serve"`` for
     Serve's own power-of-two-choices router. The replicas' block size and
-    chain hash are the router's (:func:`~radixkv.serve.models.event_hasher`).
+    chain hash are the router's (:func:`~radixkv.serve.models.event_hasher`), seeded
+    by vLLM's rule in this process (``PYTHONHASHSEED``, else ``"vllm-none-hash"``) and
+    passed to every replica, so all name a block as a vLLM server here would.
     Each replica reserves ``replica_cpus`` Ray CPUs and runs torch on as many
     threads (at least one); ``stats_period_s`` is how often Serve polls its
     load. ``event_endpoint`` / ``replay_endpoint`` fix where replica ``r`` publishes its
@@ -292,6 +298,7 @@ def build_fleet_app(
         raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
     replica_cpus = check_number("replica_cpus", replica_cpus, low=0, strict=True)
     ingress_replicas = check_int("ingress_replicas", ingress_replicas, low=1)
+    hasher = event_hasher()  # one seed for the router and every replica, read here
     options: dict[str, Any] = {
         "num_replicas": replicas,
         "max_ongoing_requests": 2 * max_num_seqs,  # the engine batches; the rest wait there
@@ -306,7 +313,6 @@ def build_fleet_app(
             request_router_class=_RAY_PREFIX_CLASS, **stats
         )
     else:
-        hasher = event_hasher()
         config = PrefixRouterConfig(
             policy=router,
             block_size=block_size,
@@ -334,6 +340,7 @@ def build_fleet_app(
         attention_backend=attention_backend,
         cuda_graphs=cuda_graphs,
         torch_threads=max(1, math.floor(replica_cpus)),
+        hash_seed=hasher.seed,
     )
     ingress = FleetIngress.options(
         num_replicas=ingress_replicas,

@@ -87,16 +87,15 @@ class PromptText:
 class EngineLimits:
     """What a fleet's engine replicas accept (all are built from one engine config): token
     ids below ``vocab_size``; a prompt and its reply within ``max_model_len`` tokens, the
-    KV pool (``EngineReplica.limits`` reports them)."""
+    engine's (``EngineReplica.limits`` reports them)."""
 
     vocab_size: int
     max_model_len: int
 
     def max_new_tokens(self, prompt_len: int) -> int:
-        """The most new tokens a prompt of ``prompt_len`` tokens may ask for: its K/V (all
-        but the last new token) must fit the pool, as ``AsyncEngine.max_new_tokens``
-        decides on the replica; 0 if none fits. O(1)."""
-        return max(0, self.max_model_len - prompt_len + 1)
+        """The most new tokens a prompt of ``prompt_len`` tokens may ask for, as
+        ``AsyncEngine.max_new_tokens`` decides on the replica; 0 if none fits. O(1)."""
+        return max(0, self.max_model_len - prompt_len)
 
 
 async def collect_stats(

@@ -1,0 +1,160 @@
+"""KV store benchmark: put and get throughput and latency per backend and block size.
+
+For each block size (default: 737,280 bytes, one 16-token block of SmolLM2-135M's K/V in
+float32, and 46,080 bytes, one token of it) and each backend:
+
+- ``memory``: ``MemoryStore`` (the entry format's cost alone: header, checksum, copies);
+- ``disk``: ``LocalDiskStore`` in a fresh temporary folder (``--dir`` picks where);
+- ``raw``: the baseline, measured in the same run: the same payloads written to and read
+  back from plain files in the same kind of folder (``open``/``write``/``read``, no
+  header, checksum, temp file or rename; the values read are kept until the batch is
+  done, as ``get_many`` keeps them). Every row reports its ratio to it.
+
+A repeat writes ``--blocks`` new blocks in one ``put_many`` into a fresh store, then
+reads them all back in one ``get_many``; per repeat the time per block and the GB/s;
+reported: medians over ``--repeats`` repeats with [min, max]. The reads are warm: the
+blocks were just written, so they come from the page cache (a cold read from the
+device is slower, and dropping the page cache is not something a shared machine
+lets a benchmark do). There is no fsync anywhere (the store does not fsync either).
+
+    python benchmarks/bench_store.py --quick   # a few seconds
+    python benchmarks/bench_store.py --out benchmarks/results/bench_store.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_common import save_rows
+
+from radixkv.cache.store import KEY_BYTES, LocalDiskStore, MemoryStore
+
+SMOLLM2_BLOCK = 30 * 2 * 3 * 64 * 4 * 16  # layers x (K, V) x kv heads x head dim x fp32 x tokens
+
+
+def payloads(num_blocks: int, block_bytes: int, seed: int) -> list[tuple[bytes, bytes]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.bytes(KEY_BYTES), rng.standard_normal(block_bytes // 4, np.float32).tobytes())
+        for _ in range(num_blocks)
+    ]
+
+
+def raw_round(folder: Path, items: list[tuple[bytes, bytes]]) -> tuple[float, float]:
+    """Seconds to write, then read, ``items`` as plain files (the baseline)."""
+    t0 = time.perf_counter()
+    for key, value in items:
+        with open(folder / key.hex(), "wb") as f:
+            f.write(value)
+    t1 = time.perf_counter()
+    got = []  # kept, as get_many keeps every value it returns (fresh pages to fault in)
+    for key, _ in items:
+        with open(folder / key.hex(), "rb") as f:
+            got.append(f.read())
+    t2 = time.perf_counter()
+    assert [len(g) for g in got] == [len(v) for _, v in items]
+    return t1 - t0, t2 - t1
+
+
+def store_round(store: object, items: list[tuple[bytes, bytes]]) -> tuple[float, float]:
+    """Seconds for one ``put_many`` of ``items``, then one ``get_many`` of their keys."""
+    keys = [k for k, _ in items]
+    t0 = time.perf_counter()
+    assert store.put_many(items) == len(items)
+    t1 = time.perf_counter()
+    got = store.get_many(keys)
+    t2 = time.perf_counter()
+    assert all(g is not None and len(g) == len(v) for g, (_, v) in zip(got, items, strict=True))
+    return t1 - t0, t2 - t1
+
+
+def measure(
+    backend: str, base: Path, items: list[tuple[bytes, bytes]], repeats: int
+) -> list[tuple[float, float]]:
+    """``repeats`` (put seconds, get seconds) pairs, each in a fresh store, after a warm-up."""
+    capacity = 2 * sum(len(v) + 64 for _, v in items)
+
+    def once() -> tuple[float, float]:
+        folder = Path(tempfile.mkdtemp(dir=base))
+        try:
+            if backend == "raw":
+                return raw_round(folder, items)
+            if backend == "memory":
+                return store_round(MemoryStore(capacity), items)
+            return store_round(LocalDiskStore(folder, capacity), items)
+        finally:
+            shutil.rmtree(folder)
+
+    once()  # warm-up: first-touch of the folder, the allocator's arenas
+    return [once() for _ in range(repeats)]
+
+
+def summarize(xs: list[float]) -> tuple[float, float, float]:
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer blocks and repeats")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[SMOLLM2_BLOCK, SMOLLM2_BLOCK // 16])
+    ap.add_argument("--blocks", type=int, default=64, help="blocks per put_many / get_many")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--dir", type=Path, default=None, help="where the folders go (default: TMP)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.blocks, args.repeats = 16, 3
+    base = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.dir))
+    rows: list[dict] = []
+    try:
+        for size in args.sizes:
+            items = payloads(args.blocks, size, args.seed)
+            raw: dict[str, float] = {}
+            for backend in ("raw", "memory", "disk"):
+                runs = measure(backend, base, items, args.repeats)
+                for op, idx in (("put", 0), ("get", 1)):
+                    med, lo, hi = summarize([r[idx] for r in runs])
+                    if backend == "raw":
+                        raw[op] = med
+                    rows.append(
+                        {
+                            "block_bytes": size,
+                            "backend": backend,
+                            "op": op,
+                            "blocks": args.blocks,
+                            "repeats": args.repeats,
+                            "ms_per_block": 1e3 * med / args.blocks,
+                            "ms_per_block_min": 1e3 * lo / args.blocks,
+                            "ms_per_block_max": 1e3 * hi / args.blocks,
+                            "gb_per_s": size * args.blocks / med / 1e9,
+                            "vs_raw": med / raw[op],
+                        }
+                    )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    fs = os.statvfs(args.dir or tempfile.gettempdir())
+    print(
+        f"blocks per batch={args.blocks} repeats={args.repeats} (median [min, max]); "
+        f"folder under {args.dir or tempfile.gettempdir()} ({fs.f_bsize}-byte fs blocks)"
+    )
+    print(f"{'bytes':>8} {'backend':7} {'op':3} {'ms/block':>9} {'[min':>8} {'max]':>8} "
+          f"{'GB/s':>6} {'vs raw':>6}")
+    for r in rows:
+        print(
+            f"{r['block_bytes']:>8} {r['backend']:7} {r['op']:3} {r['ms_per_block']:9.3f} "
+            f"{r['ms_per_block_min']:8.3f} {r['ms_per_block_max']:8.3f} {r['gb_per_s']:6.2f} "
+            f"{r['vs_raw']:6.2f}"
+        )
+    save_rows(rows, args.out, "bench_store.csv")
+
+
+if __name__ == "__main__":
+    main()

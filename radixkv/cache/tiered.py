@@ -1,0 +1,450 @@
+"""TieredRadixCache: the radix tree with tiers below the device (host memory; HiCache-style).
+
+``TieredRadixCache(allocator, host=HostTier(...))`` (or, the same thing,
+``RadixCache(allocator, host=HostTier(...))``) is a subclass of the tree, as
+SGLang's ``HiRadixCache`` is: it owns all of the tiers' state and overrides the
+tree's template hooks (no-ops in ``radixkv.cache.radix``) and its ``match``,
+``peek``, ``load`` and ``evict_host``; the base tree stays whole. What each
+write policy means is ``radixkv.cache.host``'s docstring.
+
+**The chain of tiers.** Residency goes down a chain: the device (a node's
+``blocks``), then the host (``Node.host``, a copy in the host pool). A node
+below the device keeps its place in the tree with ``blocks == b""``; device
+nodes form a root-connected subtree, and every node a lower tier keeps is one
+the tier above dropped or mirrored. The tree calls one hook per event
+(a split, a new leaf, a device eviction that a lower tier may keep, a node that
+became non-resident or resident again, freed blocks, reset, check), and this
+class forwards each event down the chain: today the host alone. A tier below
+the host (a KV store on local disk or a distributed store: does a run of
+blocks exist, batched put and get, keyed by the chained block hashes) joins
+here: ``match`` asks it for the run past the host prefix, ``load`` brings that
+run through the host, a backup writes through to it and host eviction may then
+delete freely. It needs no change to ``radixkv.cache.radix``.
+
+**The host tier's state** (all of it here): the host pool's held-block map,
+the host eviction index over two kinds of candidates (host-only leaves,
+deleted when chosen, and host mirrors of device-resident nodes, whose copy
+alone goes), keyed by the host's own eviction order and kept in
+``Node.host_entry``, and the nodes a load is bringing in (never deleted
+meanwhile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+from sortedcontainers import SortedList
+
+from radixkv.cache import kernels
+from radixkv.cache.allocator import BlockAllocator
+from radixkv.cache.arrays import TokenSeq, as_token_array
+from radixkv.cache.events import HOST_MEDIUM
+from radixkv.cache.eviction import make_eviction_order
+from radixkv.cache.host import HostTier
+from radixkv.cache.node import EMPTY_BLOCKS, ID_BYTES, NO_CHILDREN, TOKEN_BYTES, Node
+from radixkv.cache.prefix_cache import check_num_blocks, release_held
+from radixkv.cache.radix import RadixCache
+from radixkv.cache.results import MatchResult
+from radixkv.errors import invariant
+
+__all__ = ["TieredRadixCache", "check_host_tier"]
+
+
+def check_host_tier(host: object, allocator: BlockAllocator) -> None:
+    """``TypeError``/``ValueError`` naming ``host`` unless it is a ``HostTier`` whose pool is
+    its own and has ``allocator``'s block size."""
+    if host is None:
+        raise TypeError("host must be a HostTier for a TieredRadixCache, got None")
+    if not isinstance(host, HostTier):
+        raise TypeError(f"host must be a HostTier or None, got {type(host).__name__}")
+    if host.allocator is allocator:
+        raise ValueError("host.allocator must be a pool of its own, not the device's")
+    if host.allocator.block_size != allocator.block_size:
+        raise ValueError(
+            f"host.allocator.block_size must equal the device pool's "
+            f"{allocator.block_size}, got {host.allocator.block_size}"
+        )
+
+
+class TieredRadixCache(RadixCache, builds_host_tier=True):
+    """A ``RadixCache`` whose evicted prefixes wait in host memory (``host=HostTier(...)``).
+
+    Takes ``RadixCache``'s arguments, ``host`` required: ``TypeError``/``ValueError``
+    naming ``host`` unless its pool is a separate allocator of the device's block
+    size; ``ValueError`` naming ``allocator`` if another live cache claimed the
+    host pool. Every ``RadixCache`` method keeps its contract; a node holds device
+    blocks, a host copy or both, and:
+
+    - ``match`` stops at the device boundary and reports the host-only tokens past
+      it (``MatchResult.host_num_tokens``); ``load`` copies them back;
+    - ``evict`` keeps a node that has (or, under ``write_back``, gets now) a host
+      copy as a host-only node; one that cannot be backed up is deleted with its
+      host-only subtree and counted in ``skipped_backup_blocks``;
+    - ``evict_host`` frees host blocks; ``check`` adds the tiers' invariants
+      (docs/design.md, invariant 9).
+
+    >>> alloc = BlockAllocator(num_blocks=4, block_size=2)
+    >>> cache = TieredRadixCache(alloc, "lru", host=HostTier(BlockAllocator(8, 2)))
+    >>> blocks = alloc.alloc(2)
+    >>> cache.insert([1, 2, 3, 4], blocks)
+    0
+    >>> alloc.decref(blocks), cache.evict(2)          # the device lets go; the host keeps a copy
+    (0, 2)
+    >>> m = cache.match([1, 2, 3, 4, 5])
+    >>> m.num_tokens, m.host_num_tokens
+    (0, 4)
+    >>> m = cache.load([1, 2, 3, 4, 5])               # back on the device: refs as for a hit
+    >>> m.num_tokens, m.loaded_num_tokens
+    (4, 4)
+    >>> alloc.decref(m.blocks)
+    0
+    """
+
+    # ------------------------------------------------------------ properties
+    @property
+    def host(self) -> HostTier:
+        """The host tier (``radixkv.cache.host``)."""
+        return self._tier
+
+    @property
+    def host_cached_blocks(self) -> int:
+        """Host blocks holding a copy of some node. Complexity: O(1)."""
+        return self._tier.used_blocks
+
+    # ------------------------------------------------------------ the walks
+    def match(
+        self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
+    ) -> MatchResult:
+        """``RadixCache.match``: the device prefix, and the host-only tokens past it.
+
+        ``num_tokens`` is the longest prefix on the device (its blocks the
+        caller's, one reference each) and ``host_num_tokens`` how far the
+        prefix goes on past it on the host alone. Touches (and counts a hit on)
+        every matched node of both tiers; with ``write_through``, backs up each
+        device node of the prefix whose hits reach the threshold (a copier that
+        raises leaves the node without a copy, before the caller gets any
+        reference). Complexity: as ``RadixCache.match``, plus the backups.
+        """
+        arr = as_token_array(tokens)
+        root = self._root_of(namespace)
+        self._clock += 1
+        clock = self._clock
+        counters = self._stats
+        if stats:
+            counters.num_matches += 1
+            counters.query_tokens += len(arr)
+        path, pos, split_child, split_at = self._walk(root, arr)
+        dev_path, dev_pos, dev_split, dev_split_at = self._device_part(
+            path, pos, split_child, split_at
+        )
+        touched = path
+        if dev_split is not None:
+            head = self._split(dev_split, dev_split_at)
+            dev_path = [*dev_path, head]
+            touched = dev_path
+        for node in touched:
+            node.last_access = clock
+            node.hits += 1
+        if self._write_through:
+            need = self._write_through_hits
+            for node in dev_path:
+                if node.host is None and node.hits >= need:
+                    self._backup(node)
+        num_tokens = dev_pos // TOKEN_BYTES
+        host_tokens = (pos - dev_pos) // TOKEN_BYTES
+        if stats:
+            counters.hit_tokens += num_tokens
+            counters.host_hit_tokens += host_tokens
+        if not dev_path:
+            return MatchResult(EMPTY_BLOCKS, 0, host_tokens)
+        blocks = np.frombuffer(bytearray().join(n.blocks for n in dev_path), dtype=np.int32)
+        kernels.incref_held(self._rc, blocks)
+        return MatchResult(blocks, num_tokens, host_tokens)
+
+    def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
+        """``RadixCache.peek``: the device prefix ``match`` would return, changing nothing."""
+        arr = as_token_array(tokens)
+        _, pos, _, _ = self._device_part(*self._walk(self._root_of(namespace), arr))
+        return pos // TOKEN_BYTES
+
+    def load(
+        self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
+    ) -> MatchResult:
+        """``match``, then bring the host-resident part of the prefix back to the device.
+
+        When nothing of the prefix is on the host alone, this is ``match``.
+        Otherwise the host-only nodes past the device prefix are loaded
+        top-down, node by node and all-or-nothing per node (a prefix ending
+        inside a node splits it first): device blocks are allocated, evicting
+        first when the pool is short (the loading nodes cannot be deleted
+        meanwhile, and the matched prefix is held by the caller so it cannot be
+        evicted), the host blocks are copied in (``HostTier.copier``), and the
+        node becomes device-resident again with its host copy kept. The load
+        stops at the first node the pool cannot take. The caller gets one
+        reference on every returned block, as from ``match``;
+        ``host_num_tokens`` is what is still on the host alone,
+        ``loaded_num_tokens`` what was loaded (the last blocks of the result).
+        Counts ``loaded_blocks``; with events on, records a ``BlockStored``
+        (medium ``"GPU"``) per loaded node.
+
+        Raises as ``match``, before any change. If the copier (or an eviction's
+        backup) raises, the caller gets no reference: the nodes loaded before
+        stay loaded, the failing one stays host-only, and the tree is whole.
+        Complexity: ``match``, plus a second walk, plus the eviction and the
+        copy of the loaded blocks.
+        """
+        m = self.match(tokens, namespace, stats=stats)
+        if not m.host_num_tokens:
+            return m
+        arr = as_token_array(tokens)
+        path, _, split_child, split_at = self._walk(self._root_of(namespace), arr)
+        nodes = [n for n in path if not n.blocks]
+        if split_child is not None and not split_child.blocks:
+            nodes.append(self._split(split_child, split_at))
+        alloc = self._alloc
+        parts = [m.block_array]
+        loaded = 0
+        self._loading.update(nodes)
+        try:
+            need = sum(n.num_blocks for n in nodes)
+            if alloc.num_free < need:
+                self.evict(need - alloc.num_free)
+            for node in nodes:
+                k = node.num_blocks
+                if alloc.num_free < k:
+                    break
+                ids = alloc.alloc_array(k)  # the tree's reference
+                try:
+                    self._copier.load(node.host_ids(), ids)
+                except BaseException:
+                    alloc.unalloc(ids)  # the node stays host-only
+                    raise
+                kernels.set_flags(self._held, ids, True)
+                self._num_cached += k
+                self._attach(node, ids)
+                alloc.incref_distinct(ids)  # the caller's: the next eviction cannot take it
+                parts.append(ids)
+                loaded += k
+        except BaseException:
+            for part in parts:  # the caller never gets them: give its references back
+                alloc.decref_distinct(part)
+            raise
+        finally:
+            self._loading.difference_update(nodes)
+            self._stats.loaded_blocks += loaded
+        moved = loaded * self._bs
+        blocks = np.concatenate(parts) if loaded else m.block_array
+        return MatchResult(blocks, m.num_tokens + moved, m.host_num_tokens - moved, moved)
+
+    # ------------------------------------------------------------ host eviction
+    def evict_host(self, num_blocks: int) -> int:
+        """Free at least ``num_blocks`` host blocks if that many can go, else all it can.
+
+        Candidates, in the host tier's own order: host-only leaves (deleted
+        from the tree) and host mirrors of device-resident nodes (the copy goes,
+        the node stays). Nodes a load holds are skipped. Returns the host blocks
+        freed. ``ValueError``/``TypeError`` for a bad ``num_blocks``, before any
+        change. Complexity: O((freed + skipped candidates) * log candidates).
+        """
+        check_num_blocks(num_blocks)
+        return self._evict_host(num_blocks)
+
+    def _evict_host(self, num_blocks: int) -> int:
+        # self._host_leaves, never a local alias: re-filing an entry (_host_index) may rebuild
+        # the index into a new list, and what this loop pops and puts back must be that one.
+        key = self._host_order.key
+        loading = self._loading
+        freed = 0
+        skipped = []
+        try:
+            while freed < num_blocks and self._host_leaves:
+                entry = self._host_leaves.pop(0)
+                node = entry[-1]
+                if node.host_entry is not entry:
+                    continue  # dead: re-filed, or its copy is gone
+                if node.host is None or (not node.blocks and node.children):
+                    node.host_entry = None  # not a candidate now; re-filed when it is
+                    continue
+                fresh = key(node)
+                if entry[:-2] != fresh:
+                    self._host_index(node)
+                    continue
+                if node in loading:
+                    skipped.append(entry)
+                    continue
+                node.host_entry = None
+                freed += self._release_copy(node)
+                if not node.blocks:
+                    self._unlink(node)
+        finally:
+            self._host_leaves.update(skipped)
+        return freed
+
+    def _backup(self, node: Node) -> bool:
+        """Copy device-resident ``node`` to newly taken host blocks; False if none can be had.
+
+        Evicts from the host first when it is short (never ``node`` itself, which
+        has no copy yet). A copier that raises leaves ``node`` without a copy and
+        its host blocks free (what the host eviction freed stays free).
+        Complexity: O(blocks) plus the host eviction and the copy.
+        """
+        k = node.num_blocks
+        halloc = self._host_alloc
+        if halloc.num_free < k:
+            self._evict_host(k - halloc.num_free)
+            if halloc.num_free < k:
+                return False
+        hids = halloc.alloc_array(k)  # the tree's one reference
+        try:
+            self._copier.backup(node.block_ids(), hids)
+        except BaseException:
+            halloc.unalloc(hids)  # a copy that failed holds no host block
+            raise
+        node.host = hids.tobytes()
+        kernels.set_flags(self._host_held, hids, True)
+        self._host_index(node)
+        self._stats.backed_up_blocks += k
+        self._events.stored(node, HOST_MEDIUM)
+        return True
+
+    def _release_copy(self, node: Node) -> int:
+        """Drop ``node``'s host copy; return its blocks."""
+        hids = node.host_ids()
+        self._host_alloc.decref_distinct(hids)
+        kernels.set_flags(self._host_held, hids, False)
+        node.host = None
+        self._stats.host_evicted_blocks += len(hids)
+        self._events.removed(node, HOST_MEDIUM)
+        return len(hids)
+
+    def _host_index(self, node: Node) -> None:
+        """File ``node`` as a host eviction candidate under its fresh key."""
+        key = self._host_order.key(node)
+        self._host_uid += 1
+        node.host_entry = (*key, self._host_uid, node)
+        leaves = self._host_leaves
+        leaves.add(node.host_entry)
+        if len(leaves) > 64 + 2 * self._tier.used_blocks:  # mostly dead entries: rebuild
+            self._host_leaves = SortedList(e for e in leaves if e[-1].host_entry is e)
+
+    # ------------------------------------------- the tree's template hooks, for the host
+    def _init_tiers(self, host: HostTier | None) -> None:
+        check_host_tier(host, self._alloc)
+        self._tier = host
+        self._host_alloc = host.allocator
+        self._copier = host.copier
+        self._host_order = make_eviction_order(host.eviction)
+        self._host_held = np.zeros(host.allocator.num_blocks, dtype=np.bool_)
+        self._host_leaves = SortedList()  # host eviction candidates: (*key, uid, node)
+        self._host_uid = 0
+        self._write_through = host.write_policy == "write_through"
+        self._write_through_hits = host.write_through_hits
+        self._loading: set[Node] = set()  # nodes a load is bringing in: never deleted
+
+    def _claim_tiers(self) -> None:
+        self._host_alloc._claim(self, self._host_held)
+
+    def _on_split(self, head: Node, tail: Node, k: int) -> None:
+        """A host copy splits at the same boundary as the node."""
+        host = tail.host
+        if host is not None:
+            head.host = host[: k * ID_BYTES]
+            tail.host = host[k * ID_BYTES :]
+            if head.blocks:  # a mirror of a device-resident node: a host eviction candidate
+                self._host_index(head)
+
+    def _on_new_leaf(self, leaf: Node) -> None:
+        """Under ``write_through`` with 0 hits, a new leaf is backed up at once."""
+        if self._write_through and not self._write_through_hits:
+            self._backup(leaf)
+
+    def _keeps(self, node: Node) -> bool:
+        """Under ``write_back`` a node without a copy is backed up now; one that cannot be
+        (no host space even after host eviction) counts in ``skipped_backup_blocks``."""
+        if node.host is None and not self._write_through and not self._backup(node):
+            self._stats.skipped_backup_blocks += node.num_blocks
+        return node.host is not None
+
+    def _on_offload(self, node: Node) -> None:
+        """A host-only node is a host eviction candidate once it has no children."""
+        if not node.children and node.host_entry is None:
+            self._host_index(node)
+
+    def _drop_below(self, node: Node) -> None:
+        """Delete every node below ``node`` (all host-only, as its device blocks are going)."""
+        stack = list(node.children.values())
+        while stack:
+            child = stack.pop()
+            invariant(child not in self._loading, "a host node a load holds was deleted")
+            child.host_entry = None
+            self._release_copy(child)
+            child.parent = None
+            stack.extend(child.children.values())
+        node.children = NO_CHILDREN
+
+    def _on_attach(self, node: Node) -> None:
+        """A node back on the device keeps its copy: a mirror, a host eviction candidate."""
+        if node.host_entry is None:
+            self._host_index(node)
+
+    def _on_freed(self, ids: np.ndarray) -> None:
+        """The copier may poison the freed device blocks (``BlockCopier.discard``)."""
+        self._copier.discard(ids)
+
+    def _on_reset(self) -> None:
+        """Every host block goes back."""
+        release_held(self._host_alloc, self._host_held)
+        self._host_leaves.clear()
+
+    def _check_tiers(self, nodes: list[Node]) -> None:
+        """The host tier's invariants over every node (docs/design.md, invariant 9).
+
+        Device nodes form a root-connected subtree, an evicted node has a host
+        copy spanning its tokens, host blocks are distinct and held by the tree
+        alone, every host candidate is indexed, no node is marked loading
+        outside a load, and the host allocator's own.
+        Complexity: O(nodes + host blocks).
+        """
+        bb = self._block_bytes
+        invariant(not self._loading, "nodes are still marked loading outside a load")
+        live = set(map(id, self._host_leaves))
+        copies: list[np.ndarray] = []
+        for node in nodes:
+            parent = node.parent
+            if node.blocks:
+                invariant(
+                    parent.parent is None or parent.blocks,
+                    "device-resident nodes are not a root-connected subtree",
+                )
+            else:
+                invariant(node.host is not None, "an evicted node has no host copy")
+            if node.host is None:
+                continue
+            invariant(
+                len(node.host) // ID_BYTES * bb == len(node.key),
+                "a node's host copy does not span its tokens (a split cut the tiers apart)",
+            )
+            copies.append(node.host_ids())
+            if node.blocks or not node.children:
+                entry = node.host_entry
+                invariant(
+                    entry is not None and id(entry) in live and entry[-1] is node,
+                    "a host eviction candidate is missing from the host index",
+                )
+        ids = np.concatenate(copies) if copies else EMPTY_BLOCKS
+        halloc = self._host_alloc
+        invariant(len(np.unique(ids)) == len(ids), "a host block is held by two nodes")
+        invariant(
+            not ids.size or (ids.min() >= 0 and ids.max() < halloc.num_blocks),
+            "a node holds a host block id out of range",
+        )
+        held = np.zeros_like(self._host_held)
+        held[ids] = True
+        invariant((held == self._host_held).all(), "host held-block map disagrees with the tree")
+        invariant(
+            (halloc.refcount_array == held).all(),
+            "a host block is held by someone besides the tree, or a copy's block is free",
+        )
+        invariant(self._tier.used_blocks <= halloc.num_blocks, "host usage passed its capacity")
+        halloc.check()
