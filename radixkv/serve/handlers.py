@@ -357,10 +357,11 @@ class OpenAIHandlers:
                 code="context_length_exceeded",
             )
         stop_ids = body.stop_ids()
+        bias = body.logit_bias_pairs()  # once: up to MAX_TOKEN_IDS entries
         checks = (
             ("stop", body.stop_ids(only="stop")),
             ("stop_token_ids", stop_ids),
-            ("logit_bias", [t for t, _ in body.logit_bias_pairs()]),
+            ("logit_bias", [t for t, _ in bias]),
         )
         for param, ids in checks:
             bad = [t for t in ids if vocab is not None and t >= vocab]
@@ -385,7 +386,7 @@ class OpenAIHandlers:
                 repetition_penalty=body.repetition_penalty,
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
-                logit_bias=body.logit_bias_pairs(),
+                logit_bias=bias,
                 min_tokens=body.min_tokens if keep else 0,
                 seed=body.seed,
                 stop_token_ids=tuple(stop_ids),
