@@ -48,10 +48,12 @@ def payload(namespace: object, prefix: Sequence[int]) -> bytes:
 class BytePools:
     """Both pools as real bytes: BlockCopier (device <-> host) and ByteCopier (host <-> bytes)."""
 
-    def __init__(self, num_device: int, num_host: int, payload_bytes: int = PAYLOAD) -> None:
-        self.payload_bytes = payload_bytes
-        self.device = np.zeros((num_device, payload_bytes), dtype=np.uint8)
-        self.host = np.zeros((num_host, payload_bytes), dtype=np.uint8)
+    layout = "kv-v1"
+
+    def __init__(self, num_device: int, num_host: int, bytes_per_block: int = PAYLOAD) -> None:
+        self.bytes_per_block = bytes_per_block
+        self.device = np.zeros((num_device, bytes_per_block), dtype=np.uint8)
+        self.host = np.zeros((num_host, bytes_per_block), dtype=np.uint8)
 
     def backup(self, device: np.ndarray, host: np.ndarray) -> None:
         self.host[host] = self.device[device]
@@ -62,11 +64,11 @@ class BytePools:
     def discard(self, device: np.ndarray) -> None:
         self.device[device] = 0xEE  # poison: a read of a freed block shows
 
-    def read(self, host: np.ndarray) -> list[bytes]:
-        return [self.host[h].tobytes() for h in host.tolist()]
+    def host_blocks_to_bytes(self, host_ids: np.ndarray) -> list[bytes]:
+        return [self.host[h].tobytes() for h in host_ids.tolist()]
 
-    def write(self, host: np.ndarray, payloads: Sequence[bytes]) -> None:
-        for h, p in zip(host.tolist(), payloads, strict=True):
+    def bytes_to_host_blocks(self, values: Sequence[bytes], host_ids: np.ndarray) -> None:
+        for h, p in zip(host_ids.tolist(), values, strict=True):
             self.host[h] = np.frombuffer(p, dtype=np.uint8)
 
     def compute(self, blocks: Sequence[int], tokens: Sequence[int], namespace: object) -> None:
@@ -470,7 +472,7 @@ def test_a_copier_that_raises_on_read_skips_the_write_and_evicts_all_the_same() 
     def broken(host: np.ndarray) -> list[bytes]:
         raise RuntimeError("host pool unmapped")
 
-    s.pools.read = broken  # type: ignore[method-assign]
+    s.pools.host_blocks_to_bytes = broken  # type: ignore[method-assign]
     s.to_store()
     assert s.tier.stats.errors == 1 and s.halloc.num_free == 16
 
@@ -480,10 +482,10 @@ def test_a_copier_that_raises_on_write_frees_the_host_blocks_it_took() -> None:
     s.serve(TOKENS)
     s.to_store()
 
-    def broken(host: np.ndarray, payloads: Sequence[bytes]) -> None:
+    def broken(values: Sequence[bytes], host_ids: np.ndarray) -> None:
         raise RuntimeError("host pool unmapped")
 
-    s.pools.write = broken  # type: ignore[method-assign]
+    s.pools.bytes_to_host_blocks = broken  # type: ignore[method-assign]
     assert s.serve(TOKENS).num_tokens == 0
     assert s.tier.stats.errors == 1
     s.cache.reset()
@@ -497,10 +499,12 @@ def test_bad_arguments_are_named() -> None:
         StoreTier(object(), keyspace(), pools)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="keyspace must be a StoreKeyspace"):
         StoreTier(MemoryStore(10), "ks", pools)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="copier must have payload_bytes"):
+    with pytest.raises(TypeError, match="copier must have layout, bytes_per_block"):
         StoreTier(MemoryStore(10), keyspace(), object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="copier.payload_bytes"):
-        StoreTier(MemoryStore(10), keyspace(), BytePools(2, 2, payload_bytes=0))
+    with pytest.raises(ValueError, match="copier.bytes_per_block"):
+        StoreTier(MemoryStore(10), keyspace(), BytePools(2, 2, bytes_per_block=0))
+    with pytest.raises(ValueError, match="copier.layout must be the keyspace's 'kv-v2'"):
+        StoreTier(MemoryStore(10), StoreKeyspace(MODEL, "float32", BS, 2, 1, 4, "kv-v2"), pools)
     with pytest.raises(ValueError, match="write_policy must be one of"):
         StoreTier(MemoryStore(10), keyspace(), pools, "write_around")
     with pytest.raises(TypeError, match="store must be a StoreTier or None"):
@@ -693,3 +697,42 @@ StoreTierMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None
 )
 TestStoreTier = StoreTierMachine.TestCase
+
+
+# ------------------------------------------------------------------ the engine's codec
+def test_the_engines_codec_is_a_byte_copier_and_round_trips_real_kv(tmp_path: Path) -> None:
+    """KVBlockCodec (the model tier's) plugs in as the ByteCopier: K/V computed on a device
+    pool go host -> store -> a new cache's pools and come back bit for bit."""
+    torch = pytest.importorskip("torch")
+    from radixkv.model.kv_bytes import KVBlockCodec
+    from radixkv.model.kv_copy import KVCopier
+    from radixkv.model.kvpool import KVPool
+
+    def build():
+        dev = KVPool(2, 8, BS, 1, 4, device="cpu")
+        host = KVPool(2, 8, BS, 1, 4, device="cpu")
+        codec = KVBlockCodec(host)
+        assert isinstance(codec, ByteCopier)
+        alloc, halloc = BlockAllocator(8, BS), BlockAllocator(8, BS)
+        tier = StoreTier(LocalDiskStore(tmp_path, 1 << 20), keyspace(), codec)
+        hosted = HostTier(halloc, KVCopier(dev, host), store=tier)
+        return dev, alloc, RadixCache(alloc, "lru", host=hosted), tier
+
+    dev, alloc, cache, _ = build()
+    blocks = alloc.alloc(3)
+    torch.manual_seed(0)
+    for t in (*dev.k, *dev.v):
+        t.copy_(torch.randn_like(t))
+    want = [torch.cat([t[b * BS : (b + 1) * BS] for b in blocks]) for t in (*dev.k, *dev.v)]
+    cache.insert(TOKENS[:6], blocks)
+    alloc.decref(blocks)
+    cache.evict(10**9)
+    cache.evict_host(10**9)
+    dev, alloc, cache, tier = build()  # a restart: fresh pools, the same folder
+    m = cache.load(TOKENS[:6])
+    assert m.num_tokens == 6 and tier.stats.loaded_blocks == 3
+    got = [torch.cat([t[b * BS : (b + 1) * BS] for b in m.blocks]) for t in (*dev.k, *dev.v)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    alloc.decref(m.blocks)
+    cache.check()

@@ -21,8 +21,8 @@ such as ``KeyboardInterrupt`` passes):
   stored (``MatchResult.store_num_tokens``); the tier keeps that run for the
   ``load`` that follows (one cache per tier).
 - **load** (:meth:`StoreTier.fetch`): ``get_many`` of the run into host blocks the
-  cache took, through ``ByteCopier.write``; the first block that is missing or
-  not a payload of ``payload_bytes`` bytes stops it there (the rest is
+  cache took, through ``bytes_to_host_blocks``; the first block that is missing or
+  not a payload of ``bytes_per_block`` bytes stops it there (the rest is
   recomputed). The cache then files the run as a host-only node and loads it to
   the device as it loads any host-only node.
 - **faults**: a store or copier that raises, answers out of contract (a run
@@ -76,25 +76,23 @@ DIGEST_BYTES = 32  # one store chain digest (sha256)
 class ByteCopier(Protocol):
     """Turns host blocks into bytes and back: what the store tier moves K/V with.
 
-    One payload per block, exactly ``payload_bytes`` long, laid out as the
-    keyspace's ``layout`` names (the engine's copier writes a block's K and V of
-    every layer; a new layout is a new keyspace). Block ids are a 1-D int32
-    array of host pool blocks; a copier must not touch any block it was not
-    named. Copies are synchronous: ``read`` returns once the bytes are the
-    blocks' contents, ``write`` once the blocks hold the payloads.
+    ``radixkv.model.kv_bytes.KVBlockCodec`` is the engine's (layout ``"kv-v1"``). One
+    payload per block, exactly ``bytes_per_block`` long, laid out as ``layout`` names
+    (it must be the keyspace's: a new layout is a new keyspace, so old entries are
+    never misread). Block ids are a 1-D int32 array of host pool blocks; a copier must
+    not touch any block it was not named. Copies are synchronous: the bytes returned
+    are the blocks' contents, and the blocks hold the values once the call returns.
     """
 
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes in one block's payload (a positive int)."""
+    layout: str
+    bytes_per_block: int
+
+    def host_blocks_to_bytes(self, host_ids: np.ndarray) -> list[bytes]:
+        """The payload of each host block of ``host_ids``, in order."""
         ...
 
-    def read(self, host: np.ndarray) -> list[bytes]:
-        """The payload of each host block of ``host``, in order."""
-        ...
-
-    def write(self, host: np.ndarray, payloads: Sequence[bytes]) -> None:
-        """Make host block ``host[i]`` hold ``payloads[i]`` (equal lengths)."""
+    def bytes_to_host_blocks(self, values: Sequence[bytes], host_ids: np.ndarray) -> None:
+        """Make host block ``host_ids[i]`` hold ``values[i]`` (equal lengths)."""
         ...
 
 
@@ -105,14 +103,14 @@ class StoreTierStats:
     - ``lookups``: ``contains_run`` asks (one per match with a full block past the
       tree); ``found_blocks``: blocks they reported stored;
     - ``loaded_blocks``/``loaded_bytes``: blocks read from the store into the host
-      pool; ``load_seconds``: time in ``get_many`` and ``ByteCopier.write``;
+      pool; ``load_seconds``: time in ``get_many`` and ``bytes_to_host_blocks``;
     - ``load_misses``: loads that stopped at a block the store no longer gave
       (dropped since the lookup, or refused by the store as corrupt: the store's
       own ``stats.corrupt`` counts those); ``corrupt_blocks``: values the tier
-      refused (no ``bytes``, or not ``payload_bytes`` long);
+      refused (no ``bytes``, or not ``bytes_per_block`` long);
     - ``put_blocks``: blocks offered to the store; ``stored_blocks``/``stored_bytes``:
       those it wrote (a block it had already is not written again);
-      ``store_seconds``: time in ``ByteCopier.read`` and ``put_many``;
+      ``store_seconds``: time in ``host_blocks_to_bytes`` and ``put_many``;
     - ``errors``: calls to the store or the copier that raised or answered out of
       contract (answered as a miss or a skipped write).
     """
@@ -148,16 +146,16 @@ class StoreTier:
     it keeps the run the cache's last match found for its load.
 
     >>> from radixkv.cache.store import MemoryStore
-    >>> class Bytes:  # a host pool of 4 blocks, 8 bytes each
-    ...     payload_bytes = 8
-    ...     pool = np.zeros((4, 8), dtype=np.uint8)
-    ...     def read(self, host): return [self.pool[h].tobytes() for h in host.tolist()]
-    ...     def write(self, host, payloads):
-    ...         for h, p in zip(host.tolist(), payloads): self.pool[h] = np.frombuffer(p, np.uint8)
-    >>> tier = StoreTier(MemoryStore(1 << 20), StoreKeyspace("ab" * 16, "float32", 2, 1, 1, 1),
-    ...                  Bytes())
-    >>> tier.write_policy, tier.stats.stored_blocks
-    ('write_back', 0)
+    >>> class Pool:  # a host pool of 4 blocks of 8 bytes
+    ...     layout, bytes_per_block = "kv-v1", 8
+    ...     rows = np.zeros((4, 8), dtype=np.uint8)
+    ...     def host_blocks_to_bytes(self, ids): return [self.rows[h].tobytes() for h in ids]
+    ...     def bytes_to_host_blocks(self, values, ids):
+    ...         for h, v in zip(ids, values): self.rows[h] = np.frombuffer(v, np.uint8)
+    >>> ks = StoreKeyspace("ab" * 16, "float32", 2, 1, 1, 1)
+    >>> tier = StoreTier(MemoryStore(1 << 20), ks, Pool())
+    >>> tier.write_policy, tier.bytes_per_block
+    ('write_back', 8)
     """
 
     def __init__(
@@ -176,10 +174,15 @@ class StoreTier:
             raise TypeError(f"keyspace must be a StoreKeyspace, got {type(keyspace).__name__}")
         if not isinstance(copier, ByteCopier):
             raise TypeError(
-                "copier must have payload_bytes, read and write (a ByteCopier), got "
-                f"{type(copier).__name__}"
+                "copier must have layout, bytes_per_block, host_blocks_to_bytes and "
+                f"bytes_to_host_blocks (a ByteCopier), got {type(copier).__name__}"
             )
-        self._payload_bytes = check_int("copier.payload_bytes", copier.payload_bytes, low=1)
+        if copier.layout != keyspace.layout:
+            raise ValueError(
+                f"copier.layout must be the keyspace's {keyspace.layout!r}, got "
+                f"{copier.layout!r}"
+            )
+        self._bytes_per_block = check_int("copier.bytes_per_block", copier.bytes_per_block, low=1)
         if write_policy not in STORE_WRITE_POLICIES:
             raise ValueError(
                 f"write_policy must be one of {STORE_WRITE_POLICIES}, got {write_policy!r}"
@@ -209,9 +212,9 @@ class StoreTier:
         return self._copier
 
     @property
-    def payload_bytes(self) -> int:
+    def bytes_per_block(self) -> int:
         """Bytes per block's payload (the copier's, read once at construction)."""
-        return self._payload_bytes
+        return self._bytes_per_block
 
     @property
     def stats(self) -> StoreTierStats:
@@ -296,7 +299,7 @@ class StoreTier:
         if not keys:
             return b""
         stats = self._stats
-        size = self._payload_bytes
+        size = self._bytes_per_block
         start = time.perf_counter()
         try:
             values = self._store.get_many(keys)
@@ -321,9 +324,9 @@ class StoreTier:
         if n:
             start = time.perf_counter()
             try:
-                self._copier.write(host[:n], good)
+                self._copier.bytes_to_host_blocks(good, host[:n])
             except Exception as exc:
-                self._fault("copier.write", exc)
+                self._fault("bytes_to_host_blocks", exc)
                 return b""
             finally:
                 stats.load_seconds += time.perf_counter() - start
@@ -405,14 +408,15 @@ class StoreTier:
                 ks.key(digests[i : i + DIGEST_BYTES], namespace)
                 for i in range(0, len(digests), DIGEST_BYTES)
             ]
-            payloads = self._copier.read(host)
-            size = self._payload_bytes
+            payloads = self._copier.host_blocks_to_bytes(host)
+            size = self._bytes_per_block
             if (
                 not isinstance(payloads, list)
                 or len(payloads) != len(keys)
                 or any(type(p) is not bytes or len(p) != size for p in payloads)
             ):
-                self._fault("copier.read", f"gave no {len(keys)} payloads of {size} bytes")
+                why = f"gave no {len(keys)} payloads of {size} bytes"
+                self._fault("host_blocks_to_bytes", why)
                 return
             written = self._store.put_many(list(zip(keys, payloads, strict=True)))
         except Exception as exc:  # a write that fails is a write skipped
@@ -424,7 +428,7 @@ class StoreTier:
             self._fault("put_many", f"answered {written!r:.40} for {len(keys)} entries")
             return
         stats.stored_blocks += written
-        stats.stored_bytes += written * self._payload_bytes
+        stats.stored_bytes += written * self._bytes_per_block
 
     def _fault(self, op: str, why: object) -> None:
         self._stats.errors += 1
@@ -441,7 +445,7 @@ class StoreTier:
     def __repr__(self) -> str:
         return (
             f"StoreTier({type(self._store).__name__}, block_size={self._keyspace.block_size}, "
-            f"payload_bytes={self._payload_bytes}, write_policy={self.write_policy!r})"
+            f"bytes_per_block={self._bytes_per_block}, write_policy={self.write_policy!r})"
         )
 
 
