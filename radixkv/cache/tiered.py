@@ -115,8 +115,8 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
 
     @property
     def store(self) -> StoreTier | None:
-        """The store tier below the host (``HostTier.store``), None without one."""
-        return self._tier.store
+        """The store tier below the host (``HostTier.store`` at construction), None without one."""
+        return self._store if isinstance(self._store, StoreTier) else None
 
     # ------------------------------------------------------------ the walks
     def match(
