@@ -37,11 +37,11 @@ from serve_helpers import TIMEOUT, TINY_CONFIG, Server, check_engine, spawn_serv
 from radixkv.cache.hashing import ChainHasher  # noqa: E402
 from radixkv.engine import Engine, EngineConfig  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
-from radixkv.serve import protocol  # noqa: E402
 from radixkv.serve.app import build_app, default_max_body_bytes  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
-from radixkv.serve.errors import install_error_handlers  # noqa: E402
-from radixkv.serve.protocol import (  # noqa: E402
+from radixkv.serve.openai import protocol  # noqa: E402
+from radixkv.serve.openai.errors import install_error_handlers  # noqa: E402
+from radixkv.serve.openai.protocol import (  # noqa: E402
     MAX_STOP,
     MAX_STOP_LEN,
     MAX_TOKEN_IDS,

@@ -46,7 +46,7 @@ import numpy as np
 from radixkv.cache.prefix_cache import check_namespace
 from radixkv.engine.engine import Engine
 from radixkv.engine.request import Request, SamplingParams
-from radixkv.serve.client import EngineMetrics
+from radixkv.serve.openai.client import EngineMetrics
 from radixkv.serve.stream import Delta, RequestStream, TokenInfo
 from radixkv.serve.worker import ABORT, ADD, CALL, STOP, EngineWorker, EventSink
 

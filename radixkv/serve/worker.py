@@ -23,7 +23,7 @@ from radixkv.cache.events import KVCacheEvent
 from radixkv.engine.engine import Engine
 from radixkv.engine.request import Request
 from radixkv.errors import InvariantError
-from radixkv.serve.client import EngineMetrics
+from radixkv.serve.openai.client import EngineMetrics
 from radixkv.serve.stream import Delta
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The OpenAI API's requests as pydantic models (responses: :mod:`~radixkv.serve.responses`).
+"""The OpenAI API's requests as pydantic models (responses: :mod:`~radixkv.serve.openai.responses`).
 
 Requests are checked strictly: every field has its OpenAI (or vLLM) type and JSON types
 are not coerced (``"max_tokens": "5"`` and ``"stream": 1`` are errors); an optional
