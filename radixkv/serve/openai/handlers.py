@@ -356,21 +356,10 @@ class OpenAIHandlers:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        # stop's ids join stop_token_ids here: check them under the client's name for them
+        self._check_ids(body.stop_ids(only="stop"), "stop")
         stop_ids = body.stop_ids()
         bias = body.logit_bias_pairs()  # once: up to MAX_TOKEN_IDS entries
-        checks = (
-            ("stop", body.stop_ids(only="stop")),
-            ("stop_token_ids", stop_ids),
-            ("logit_bias", [t for t, _ in bias]),
-        )
-        for param, ids in checks:
-            bad = [t for t in ids if vocab is not None and t >= vocab]
-            if bad:
-                raise ApiError(
-                    400,
-                    f"{param} holds token ids {bad}, outside the vocabulary (size {vocab})",
-                    param=param,
-                )
         if not body.ignore_eos and self.client.tokenizer is not None:
             stop_ids += [t for t in self.client.tokenizer.stop_token_ids if t not in stop_ids]
         top = body.num_top_logprobs
@@ -393,6 +382,8 @@ class OpenAIHandlers:
                 top_logprobs=top or 0,
                 prompt_logprobs=max(asks) if asks else None,
             )
+            if vocab is not None:
+                params.check_vocab(vocab)  # the engine's rule, before any choice starts
         except (TypeError, ValueError) as exc:  # its messages start with the field's name
             field = str(exc).split(" ", 1)[0].split("[", 1)[0]  # "stop_token_ids[2] must ..."
             raise ApiError(
