@@ -232,7 +232,7 @@ def test_hashing_is_the_one_home_of_the_chain_hashes() -> None:
 # -------------------------------------------------------------------- metrics (serving.md)
 def test_request_histograms_are_recorded_only_by_the_openai_handlers() -> None:
     """serving.md, "Metrics": "Both front ends record them in one place, the OpenAI handlers
-    (`radixkv.serve.handlers`), into `radixkv.serve.metrics.ServerMetrics`"."""
+    (`radixkv.serve.openai.handlers`), into `radixkv.serve.openai.metrics.ServerMetrics`"."""
     recorders = {"started", "finished"}  # RequestMetrics's methods: the histograms' inputs
     callers = {
         rel(p)
@@ -242,4 +242,4 @@ def test_request_histograms_are_recorded_only_by_the_openai_handlers() -> None:
         and isinstance(n.func, ast.Attribute)
         and n.func.attr in recorders
     }
-    assert callers == {"radixkv/serve/handlers.py"}
+    assert callers == {"radixkv/serve/openai/handlers.py"}
