@@ -179,7 +179,7 @@ def test_random_workloads_cache_on_equals_off(
             num_blocks=num_blocks,
             max_num_batched_tokens=budget,
             cache=cache,
-            policy=policy,
+            schedule_policy=policy,
         )
         engine = Engine(model, cfg)
         outs[cache] = [o.output_ids for w in waves for o in engine.generate(w, SamplingParams(6))]

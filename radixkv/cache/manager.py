@@ -31,16 +31,16 @@ Plain ints and numpy only (no tensor): the tables become tensors in the model
 runner. Not thread-safe: one thread, or one lock around each call.
 
 >>> from radixkv import BlockAllocator, RadixCache
->>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=8, block_size=2)))
->>> kv.match_prefix("a", [1, 2, 3, 4, 5])      # nothing cached yet
+>>> manager = KVCacheManager(RadixCache(BlockAllocator(num_blocks=8, block_size=2)))
+>>> manager.match_prefix("a", [1, 2, 3, 4, 5])      # nothing cached yet
 0
->>> kv.allocate_slots("a", 6), kv.block_table("a")
+>>> manager.allocate_slots("a", 6), manager.block_table("a")
 (True, [0, 1, 2])
->>> kv.append_output_tokens("a", [7])           # sampled: the 5 prompt tokens have K/V
->>> kv.free("a")                                # their 2 full blocks stay cached
->>> kv.match_prefix("b", [1, 2, 3, 4, 9])
+>>> manager.append_output_tokens("a", [7])           # sampled: the 5 prompt tokens have K/V
+>>> manager.free("a")                                # their 2 full blocks stay cached
+>>> manager.match_prefix("b", [1, 2, 3, 4, 9])
 4
->>> kv.block_table("b")
+>>> manager.block_table("b")
 [0, 1]
 """
 
@@ -323,12 +323,12 @@ class KVCacheManager:
         for a ``num_blocks`` that is not an int ``>= 0``. Complexity: O(1) when
         enough blocks are free, else O(num_blocks), vectorised.
 
-        >>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=4, block_size=2)))
-        >>> kv.match_prefix("a", [1, 2, 3, 4, 5]), kv.allocate_slots("a", 5)
+        >>> manager = KVCacheManager(RadixCache(BlockAllocator(num_blocks=4, block_size=2)))
+        >>> manager.match_prefix("a", [1, 2, 3, 4, 5]), manager.allocate_slots("a", 5)
         (0, True)
-        >>> kv.cache_blocks("a", 5)               # the prompt ran: its 2 full blocks cached
-        >>> kv.free("a")                          # 2 blocks stay cached, 2 are free
-        >>> kv.may_allocate(4), kv.may_allocate(5)
+        >>> manager.cache_blocks("a", 5)               # the prompt ran: its 2 full blocks cached
+        >>> manager.free("a")                          # 2 blocks stay cached, 2 are free
+        >>> manager.may_allocate(4), manager.may_allocate(5)
         (True, False)
         """
         check_num_blocks(num_blocks)
