@@ -19,7 +19,7 @@ HiRadixCache does: a node holds device blocks, host blocks, or both.
   candidates: host-only leaves (deleted) and host mirrors of device-resident
   nodes (the mirror goes, the node stays on device). Considering mirrors too
   is what keeps a host pool full of mirrors from starving.
-- **Load** (``RadixCache.load``): top-down, node by node, all-or-nothing per
+- **Load** (``TieredRadixCache.load``): top-down, node by node, all-or-nothing per
   node: device blocks are allocated (evicting first if short), the host blocks
   are copied in, and the caller gets references as for a device hit.
 
