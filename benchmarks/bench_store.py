@@ -5,6 +5,9 @@ float32, and 46,080 bytes, one token of it) and each backend:
 
 - ``memory``: ``MemoryStore`` (the entry format's cost alone: header, checksum, copies);
 - ``disk``: ``LocalDiskStore`` in a fresh temporary folder (``--dir`` picks where);
+- ``mooncake`` (with ``--mooncake``): ``MooncakeStore`` over TCP in the pool of a
+  ``mooncake_master`` this script starts on 127.0.0.1 (or the one at ``--mooncake
+  HOST:PORT``); one client, a store per repeat sharing it, the pool emptied after each;
 - ``raw``: the baseline, measured in the same run: the same payloads written to and read
   back from plain files in the same kind of folder (``open``/``write``/``read``, no
   header, checksum, temp file or rename; the values read are kept until the batch is
@@ -19,11 +22,14 @@ lets a benchmark do). There is no fsync anywhere (the store does not fsync eithe
 
     python benchmarks/bench_store.py --quick   # a few seconds
     python benchmarks/bench_store.py --out benchmarks/results/bench_store.csv
+    python benchmarks/bench_store.py --mooncake local   # needs radixkv[store-mooncake]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import os
 import shutil
 import statistics
@@ -34,7 +40,8 @@ from pathlib import Path
 import numpy as np
 from bench_common import save_rows
 
-from radixkv.cache.store import KEY_BYTES, LocalDiskStore, MemoryStore
+from radixkv.cache.store import KEY_BYTES, LocalDiskStore, MemoryStore, MooncakeStore
+from radixkv.cache.store.mooncake import MooncakeMaster
 
 SMOLLM2_BLOCK = 30 * 2 * 3 * 64 * 4 * 16  # layers x (K, V) x kv heads x head dim x fp32 x tokens
 
@@ -75,8 +82,25 @@ def store_round(store: object, items: list[tuple[bytes, bytes]]) -> tuple[float,
     return t1 - t0, t2 - t1
 
 
+_PREFIXES = itertools.count()
+
+
+def mooncake_round(pool: MooncakeStore, items: list[tuple[bytes, bytes]]) -> tuple[float, float]:
+    """:func:`store_round` in a fresh store sharing ``pool``'s client, then empty the pool."""
+    capacity = 2 * sum(len(v) + 64 for _, v in items)
+    with pool.share(capacity, key_prefix=f"bench{next(_PREFIXES)}/") as store:
+        try:
+            return store_round(store, items)
+        finally:
+            pool.client.remove_all(True)
+
+
 def measure(
-    backend: str, base: Path, items: list[tuple[bytes, bytes]], repeats: int
+    backend: str,
+    base: Path,
+    items: list[tuple[bytes, bytes]],
+    repeats: int,
+    pool: MooncakeStore | None = None,
 ) -> list[tuple[float, float]]:
     """``repeats`` (put seconds, get seconds) pairs, each in a fresh store, after a warm-up."""
     capacity = 2 * sum(len(v) + 64 for _, v in items)
@@ -88,6 +112,8 @@ def measure(
                 return raw_round(folder, items)
             if backend == "memory":
                 return store_round(MemoryStore(capacity), items)
+            if backend == "mooncake":
+                return mooncake_round(pool, items)
             return store_round(LocalDiskStore(folder, capacity), items)
         finally:
             shutil.rmtree(folder)
@@ -109,17 +135,64 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the folders go (default: TMP)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV here")
+    ap.add_argument(
+        "--mooncake",
+        default=None,
+        metavar="local|HOST:PORT",
+        help="also measure MooncakeStore: 'local' starts a mooncake_master on 127.0.0.1",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.blocks, args.repeats = 16, 3
     base = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.dir))
     rows: list[dict] = []
+    backends = ["raw", "memory", "disk"] + (["mooncake"] if args.mooncake else [])
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if args.mooncake:
+            address = args.mooncake
+            if address == "local":
+                address = stack.enter_context(MooncakeMaster()).address
+            biggest = max(args.sizes) + 64
+            pool = stack.enter_context(
+                MooncakeStore(
+                    address,
+                    1 << 20,
+                    global_segment_size=max(256 << 20, 4 * args.blocks * biggest),
+                    local_buffer_size=max(64 << 20, 2 * args.blocks * biggest),
+                )
+            )
+        run_all(args, base, backends, rows, pool)
+    fs = os.statvfs(args.dir or tempfile.gettempdir())
+    print(
+        f"blocks per batch={args.blocks} repeats={args.repeats} (median [min, max]); "
+        f"folder under {args.dir or tempfile.gettempdir()} ({fs.f_bsize}-byte fs blocks)"
+    )
+    print(f"{'bytes':>8} {'backend':8} {'op':3} {'ms/block':>9} {'[min':>8} {'max]':>8} "
+          f"{'GB/s':>6} {'vs raw':>6}")
+    for r in rows:
+        print(
+            f"{r['block_bytes']:>8} {r['backend']:8} {r['op']:3} {r['ms_per_block']:9.3f} "
+            f"{r['ms_per_block_min']:8.3f} {r['ms_per_block_max']:8.3f} {r['gb_per_s']:6.2f} "
+            f"{r['vs_raw']:6.2f}"
+        )
+    save_rows(rows, args.out, "bench_store.csv")
+
+
+def run_all(
+    args: argparse.Namespace,
+    base: Path,
+    backends: list[str],
+    rows: list[dict],
+    pool: MooncakeStore | None,
+) -> None:
+    """Measure every backend at every size into ``rows``."""
     try:
         for size in args.sizes:
             items = payloads(args.blocks, size, args.seed)
             raw: dict[str, float] = {}
-            for backend in ("raw", "memory", "disk"):
-                runs = measure(backend, base, items, args.repeats)
+            for backend in backends:
+                runs = measure(backend, base, items, args.repeats, pool)
                 for op, idx in (("put", 0), ("get", 1)):
                     med, lo, hi = summarize([r[idx] for r in runs])
                     if backend == "raw":
@@ -140,20 +213,6 @@ def main(argv: list[str] | None = None) -> None:
                     )
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    fs = os.statvfs(args.dir or tempfile.gettempdir())
-    print(
-        f"blocks per batch={args.blocks} repeats={args.repeats} (median [min, max]); "
-        f"folder under {args.dir or tempfile.gettempdir()} ({fs.f_bsize}-byte fs blocks)"
-    )
-    print(f"{'bytes':>8} {'backend':7} {'op':3} {'ms/block':>9} {'[min':>8} {'max]':>8} "
-          f"{'GB/s':>6} {'vs raw':>6}")
-    for r in rows:
-        print(
-            f"{r['block_bytes']:>8} {r['backend']:7} {r['op']:3} {r['ms_per_block']:9.3f} "
-            f"{r['ms_per_block_min']:8.3f} {r['ms_per_block_max']:8.3f} {r['gb_per_s']:6.2f} "
-            f"{r['vs_raw']:6.2f}"
-        )
-    save_rows(rows, args.out, "bench_store.csv")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import os
 
 import torch
 from hypothesis import HealthCheck, settings
+from mooncake_helpers import mooncake_master, mooncake_pool  # noqa: F401 (session fixtures)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

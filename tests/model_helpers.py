@@ -47,6 +47,13 @@ ENGINE_CONFIG = ModelConfig(
 # The decoder backends that can run on the CPU here: ``triton`` needs Triton's
 # interpreter there (conftest turns it on where no GPU is visible).
 CPU_BACKENDS = [b for b in DECODER_BACKENDS if b != "triton" or triton_backend_runs_on("cpu")]
+# The backends that run at compiled speed on the CPU: without a GPU, ``triton`` runs in
+# Triton's interpreter (one Python call per program instance, ~100x slower), so the
+# property tests that draw many workloads use these, and triton is checked on fixed
+# scenarios (test_engine.py's test_every_backend_with_cache_equals_loop_without).
+FAST_CPU_BACKENDS = [
+    b for b in CPU_BACKENDS if b != "triton" or triton_backend_runs_on("cuda")
+]
 
 
 def skip_unless_runs(backend: str, device: str) -> None:

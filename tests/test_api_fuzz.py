@@ -4,7 +4,7 @@ idle and consistent afterwards.
 
 The server is the one-engine app over a tiny random model with a KV pool of 64 tokens, so any
 request it accepts is short whatever its ``max_tokens`` or ``n``. ``/openapi.json`` declares
-each POST route's body (:mod:`radixkv.serve.openapi`): without that the fuzzer would send
+each POST route's body (:mod:`radixkv.serve.openai.openapi`): without that the fuzzer would send
 empty bodies only.
 """
 
@@ -24,7 +24,7 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 from serve_helpers import TINY_CONFIG, check_engine, served_engine, tiny_engine  # noqa: E402
 
 from radixkv.model import random_model  # noqa: E402
-from radixkv.serve.openapi import REQUEST_BODIES  # noqa: E402
+from radixkv.serve.openai.openapi import REQUEST_BODIES  # noqa: E402
 
 EXAMPLES = 20  # per route and phase: the suite's time budget, not a search for the last bug
 

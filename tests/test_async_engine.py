@@ -143,10 +143,10 @@ def test_sampled_requests_with_a_seed_repeat(model) -> None:
 @pytest.mark.parametrize(
     ("prompt", "params", "namespace", "error", "match"),
     [
-        ("abc", SamplingParams(), None, TypeError, "prompt_ids"),
-        ([], SamplingParams(), None, ValueError, "prompt_ids: prompt must hold"),
-        ([1, -1], SamplingParams(), None, ValueError, "prompt_ids"),
-        ([1.5], SamplingParams(), None, TypeError, "prompt_ids"),
+        ("abc", SamplingParams(), None, TypeError, "prompt: tokens must be"),
+        ([], SamplingParams(), None, ValueError, "prompt must hold"),
+        ([1, -1], SamplingParams(), None, ValueError, "prompt token ids must be >= 0"),
+        ([1.5], SamplingParams(), None, TypeError, r"prompt: tokens\[0\] must be an int"),
         ([1, 259], SamplingParams(), None, ValueError, r"token id 259.*vocab_size 259"),
         ([1], SamplingParams(stop_token_ids=(300,)), None, ValueError, r"stop_token_ids.*300"),
         ([1] * 1000, SamplingParams(max_new_tokens=100), None, ValueError, "max_new_tokens"),
@@ -168,6 +168,30 @@ def test_bad_requests_raise_before_anything_is_queued(
             # and it still serves
             outs = await drain(ae.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
             assert outs[-1].finished
+
+    run(main())
+
+
+def test_a_namespace_the_cache_cannot_encode_is_refused_by_generate(model) -> None:
+    """The engine's one check of a request covers the cache's namespace check: a namespace
+    the cache's hasher cannot encode raises from ``generate`` itself, nothing queued (not
+    later, from the stream, after the request reached the engine thread)."""
+
+    pytest.importorskip("cbor2")
+
+    async def main() -> None:
+        engine = Engine(
+            model,
+            EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE),
+            events=ChainHasher("sha256_cbor"),
+        )
+        async with AsyncEngine(engine) as ae:
+            with pytest.raises(ValueError, match=r"^namespace .*sha256_cbor"):
+                ae.generate([1, 2, 3], SamplingParams(max_new_tokens=2), "salt\udfff")
+            assert ae.num_requests == 0
+            outs = await drain(ae.generate([1, 2, 3], SamplingParams(max_new_tokens=2), "ok"))
+            assert outs[-1].finished
+            await assert_nothing_kept(ae)
 
     run(main())
 

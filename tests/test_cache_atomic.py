@@ -170,6 +170,7 @@ def test_a_namespace_the_hasher_cannot_encode_is_refused_by_name_before_any_chan
         "match": lambda: cache.match([1, 2, 3, 4], ns),
         "peek": lambda: cache.peek([1, 2, 3, 4], ns),
         "peek of no tokens": lambda: cache.peek([], ns),
+        "check_namespace": lambda: cache.check_namespace(ns),
     }
     if kind != "hash":
         calls["pin"] = lambda: cache.pin([1, 2, 3, 4], ns)
@@ -200,6 +201,7 @@ def test_the_same_namespaces_are_fine_where_nothing_must_encode_them(kind, ns):
     and the hash cache's block names pass a lone surrogate through."""
     for hasher in (ChainHasher("xxhash"), None):
         alloc, cache = make(kind, hasher)
+        cache.check_namespace(ns)
         request(alloc, cache, [1, 2, 3, 4, 5], ns)
         cache.check()
         assert cache.peek([1, 2, 3, 4], ns) == 4

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import radixkv.text.bpe as bpe
-from radixkv.serve.errors import ApiError, parse_body
-from radixkv.serve.protocol import (
+from radixkv.serve.openai.errors import ApiError, parse_body
+from radixkv.serve.openai.protocol import (
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
     MAX_TEMPLATE_DEPTH,

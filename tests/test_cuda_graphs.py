@@ -133,13 +133,15 @@ def test_graphs_need_the_triton_backend_and_capture_needs_cuda() -> None:
         DecodeGraphs(model, kv, 4, 0, capture=False)
 
 
-def _chat(engine: Engine, seed: int = 0) -> list[list[int]]:
-    wl = ChatWorkload(num_users=5, num_turns=2, system_len=37, user_len=(3, 9),
+def _chat(
+    engine: Engine, seed: int = 0, num_users: int = 5, new_tokens: int = 9
+) -> list[list[int]]:
+    wl = ChatWorkload(num_users=num_users, num_turns=2, system_len=37, user_len=(3, 9),
                       vocab_size=ENGINE_CONFIG.vocab_size, seed=seed)  # fmt: skip
     histories, outs = None, []
     for turn in range(wl.num_turns):
         prompts = wl.turn_prompts(turn, histories)
-        got = engine.generate(prompts, SamplingParams(max_new_tokens=9))
+        got = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
         engine.check()
         histories = [np.concatenate([p, o.output_ids]) for p, o in zip(prompts, got, strict=True)]
         outs += [o.output_ids for o in got]
@@ -152,12 +154,17 @@ def test_engine_with_the_static_path_equals_eager(cache) -> None:
     skip_unless_runs("triton", "cpu")
     model = random_model(ENGINE_CONFIG, seed=0, attention_backend="triton")
     cfg = EngineConfig(block_size=4, num_blocks=200, max_num_seqs=6, cache=cache)
-    want = _chat(Engine(model, cfg))
+    # The eager engine's tokens, from the loop backend: test_engine.py pins the triton
+    # backend's tokens to loop's, and triton's interpreter would double this test's time.
+    # Three users, five tokens: batches of 1-3 decodes padded to graph sizes, under the
+    # interpreter's cost.
+    loop = random_model(ENGINE_CONFIG, seed=0, attention_backend="loop")
+    want = _chat(Engine(loop, cfg), num_users=3, new_tokens=5)
     engine = Engine(model, cfg)
     assert isinstance(engine.runner, EagerRunner)  # the CPU never captures
     runner = GraphRunner(DecodeGraphs(model, engine.kv_pool, 6, 64, capture=False), engine.runner)
     engine.runner = runner
-    assert _chat(engine) == want
+    assert _chat(engine, num_users=3, new_tokens=5) == want
     assert runner.num_replayed > 0 and runner.num_eager > 0  # decodes replayed, prefills not
 
 

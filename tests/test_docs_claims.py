@@ -212,9 +212,12 @@ def test_hashing_is_the_one_home_of_the_chain_hashes() -> None:
     The hash libraries are imported there alone; xxhash also places a prompt on the
     `chwbl` ring (radixkv/fleet/router.py), a hash of its head, not a chain; the KV store
     digests a key from a chain digest it takes from hashing.py (keys.py, blake2b) and
-    checksums an entry's bytes (entry.py, xxh3): neither is a chain."""
+    checksums an entry's bytes (entry.py, xxh3), and the model tier digests a model's
+    weights (radixkv/model/digest.py, sha256): none is a chain."""
     allowed = {"cbor2": {"radixkv.cache.hashing"}}
-    allowed["hashlib"] = {"radixkv.cache.hashing", "radixkv.cache.store.keys"}
+    allowed["hashlib"] = {
+        "radixkv.cache.hashing", "radixkv.cache.store.keys", "radixkv.model.digest"
+    }  # fmt: skip
     allowed["xxhash"] = {
         "radixkv.cache.hashing", "radixkv.fleet.router", "radixkv.cache.store.entry"
     }  # fmt: skip
@@ -229,7 +232,7 @@ def test_hashing_is_the_one_home_of_the_chain_hashes() -> None:
 # -------------------------------------------------------------------- metrics (serving.md)
 def test_request_histograms_are_recorded_only_by_the_openai_handlers() -> None:
     """serving.md, "Metrics": "Both front ends record them in one place, the OpenAI handlers
-    (`radixkv.serve.handlers`), into `radixkv.serve.metrics.ServerMetrics`"."""
+    (`radixkv.serve.openai.handlers`), into `radixkv.serve.openai.metrics.ServerMetrics`"."""
     recorders = {"started", "finished"}  # RequestMetrics's methods: the histograms' inputs
     callers = {
         rel(p)
@@ -239,4 +242,4 @@ def test_request_histograms_are_recorded_only_by_the_openai_handlers() -> None:
         and isinstance(n.func, ast.Attribute)
         and n.func.attr in recorders
     }
-    assert callers == {"radixkv/serve/handlers.py"}
+    assert callers == {"radixkv/serve/openai/handlers.py"}

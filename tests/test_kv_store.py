@@ -1,5 +1,7 @@
 """The KV store tier (radixkv.cache.store): one contract suite over every backend, the keys,
-the entry format, the disk store's files, and a state machine against a dict oracle.
+the entry format, the disk store's files, and a state machine against a dict oracle. The
+suite runs over MemoryStore, LocalDiskStore and MooncakeStore (a master on 127.0.0.1 for the
+session; tests/test_store_mooncake.py has its own cases).
 
 docs/store.md: a store keeps bytes under content-addressed keys that fold in the
 model identity, dtype, block size, geometry and namespace; every entry carries its
@@ -16,7 +18,7 @@ import os
 import shutil
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,11 +27,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from mooncake_helpers import pool_store
 
 from radixkv.cache.store import KEY_BYTES, KVStore, LocalDiskStore, MemoryStore, StoreKeyspace
 from radixkv.cache.store.entry import HEADER_BYTES, decode, encode
 from radixkv.cache.store.keys import CHAIN_SEED
 from radixkv.cache.store.local import STALE_TMP_SECONDS
+from radixkv.cache.store.mooncake import MooncakeStore
 
 HEADER = HEADER_BYTES
 
@@ -55,11 +59,23 @@ def disk_files(path: Path) -> set[bytes]:
 Factory = Callable[[int], KVStore]
 
 
-@pytest.fixture(params=["memory", "disk"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
+@pytest.fixture(params=["memory", "disk", "mooncake"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
     if request.param == "memory":
-        return MemoryStore
-    return lambda capacity: LocalDiskStore(tmp_path / "store", capacity)
+        yield MemoryStore
+    elif request.param == "disk":
+        yield lambda capacity: LocalDiskStore(tmp_path / "store", capacity)
+    else:  # skips, saying why, without Mooncake's client
+        pool = request.getfixturevalue("mooncake_pool")
+        made: list[MooncakeStore] = []
+
+        def make(capacity: int) -> MooncakeStore:
+            made.append(pool_store(pool, capacity))
+            return made[-1]
+
+        yield make
+        for store in made:
+            store.close()
 
 
 def test_put_get_and_contains_run(make_store: Factory) -> None:

@@ -239,24 +239,13 @@ def test_no_import_cycles(graph: list[Edge]) -> None:
     )
 
 
-# Rooms. A module belongs to the room whose prefix below names it most closely (modules of
-# the package root, radixkv's __init__, cli, demo and workloads, belong to none and are not
-# checked); a room imports only the rooms it lists (itself among them). The rooms of serve:
-# the OpenAI layer (torch-free) under the one-engine server, under Ray Serve's fleet, under
-# the `radixkv serve` command that starts either.
-OPENAI_LAYER = tuple(
-    f"radixkv.serve.{m}"
-    for m in (
-        "protocol",
-        "responses",
-        "errors",
-        "bodies",
-        "choices",
-        "client",
-        "handlers",
-        "metrics",
-    )
-)
+# Rooms. A room is a folder: a module belongs to the room whose package below names it most
+# closely. The exceptions are the package root's modules: errors, checks and cli_args are
+# the bottom every tier may import; radixkv's __init__, cli, demo and workloads belong to
+# none and are not checked; and serve/cli.py, the `radixkv serve` command, starts either
+# server. A room imports only the rooms it lists (itself among them). The rooms of serve:
+# the OpenAI layer (serve/openai/, torch-free) under the one-engine server (serve/), under
+# Ray Serve's fleet (serve/ray/), under the command.
 ROOMS = {
     "radixkv.errors": "bottom",
     "radixkv.checks": "bottom",
@@ -267,8 +256,8 @@ ROOMS = {
     "radixkv.replay": "replay",
     "radixkv.engine": "engine",
     "radixkv.fleet": "fleet",
-    **dict.fromkeys(OPENAI_LAYER, "serve.openai"),
     "radixkv.serve": "serve.server",
+    "radixkv.serve.openai": "serve.openai",
     "radixkv.serve.ray": "serve.ray",
     "radixkv.serve.cli": "serve.cli",
 }
@@ -329,10 +318,23 @@ def room_of(module: str) -> str | None:
 def test_rooms_are_assigned_as_written() -> None:
     assert set(MAY_IMPORT) == set(ROOMS.values())
     assert all(room in MAY_IMPORT[room] for room in MAY_IMPORT)
-    assert room_of("radixkv.serve.handlers") == "serve.openai"
+    assert room_of("radixkv.serve.openai.handlers") == "serve.openai"
     assert room_of("radixkv.serve.app") == room_of("radixkv.serve") == "serve.server"
     assert room_of("radixkv.serve.ray.ingress") == "serve.ray"
     assert room_of("radixkv.cache.radix") == "cache" and room_of("radixkv.demo") is None
+
+
+# The modules ROOMS may name: the package root's bottom modules and the serve command.
+NOT_FOLDERS = {"radixkv.errors", "radixkv.checks", "radixkv.cli_args", "radixkv.serve.cli"}
+
+
+def test_every_room_is_a_folder() -> None:
+    """A room is a folder (docs/design.md, "Layout"): ROOMS names a package, never a list of
+    modules, but for the root's few bottom modules and the ``radixkv serve`` command."""
+    modules = discover(ROOT, PACKAGE)
+    assert set(ROOMS) <= set(modules)
+    named = {p for p in ROOMS if modules[p].name != "__init__.py"}
+    assert named == NOT_FOLDERS, sorted(named ^ NOT_FOLDERS)
 
 
 @pytest.mark.parametrize("room", sorted(MAY_IMPORT))
@@ -345,7 +347,8 @@ def test_room_imports_only_what_it_may(graph: list[Edge], room: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "tier", ["radixkv.cache", "radixkv.replay", "radixkv.fleet", "radixkv.text", *OPENAI_LAYER]
+    "tier",
+    ["radixkv.cache", "radixkv.replay", "radixkv.fleet", "radixkv.text", "radixkv.serve.openai"],
 )
 def test_tier_never_imports_torch(graph: list[Edge], tier: str) -> None:
     bad = [e for e in graph if in_package(e.source, tier) and e.target.split(".")[0] == "torch"]
@@ -514,20 +517,18 @@ def test_the_front_end_rooms_import_and_work_without_torch() -> None:
     from test_torch_free import run_blocked
 
     run_blocked(
-        f"""
+        """
         import asyncio, importlib, importlib.util, pkgutil
-        import radixkv.cache, radixkv.fleet, radixkv.text
+        import radixkv.cache, radixkv.fleet, radixkv.serve.openai, radixkv.text
 
-        for pkg in (radixkv.cache, radixkv.fleet, radixkv.text):
+        for pkg in (radixkv.cache, radixkv.fleet, radixkv.serve.openai, radixkv.text):
             for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
                 importlib.import_module(info.name)
-        for name in {list(OPENAI_LAYER)!r}:
-            importlib.import_module(name)
 
         import radixkv.serve
-        from radixkv.serve.client import EngineMetrics, RequestOutput
-        from radixkv.serve.handlers import OpenAIHandlers
-        from radixkv.serve.protocol import DetokenizeRequest, TokenizeRequest
+        from radixkv.serve.openai.client import EngineMetrics, RequestOutput
+        from radixkv.serve.openai.handlers import OpenAIHandlers
+        from radixkv.serve.openai.protocol import DetokenizeRequest, TokenizeRequest
         from radixkv.text.tokenizer import ByteTokenizer
 
         assert radixkv.serve.RequestOutput is RequestOutput
@@ -546,7 +547,7 @@ def test_the_front_end_rooms_import_and_work_without_torch() -> None:
         got = asyncio.run(api.tokenize(TokenizeRequest(prompt="hi")))
         assert got["tokens"] == [104, 105], got
         text = asyncio.run(api.detokenize(DetokenizeRequest(tokens=[104, 105])))
-        assert text == {{"prompt": "hi"}}, text
+        assert text == {"prompt": "hi"}, text
 
         if importlib.util.find_spec("ray") is not None:
             importlib.import_module("radixkv.serve.ray.ingress")

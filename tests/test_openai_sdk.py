@@ -2,7 +2,7 @@
 
 One server process per module (random weights, the byte tokenizer: token ids are the
 UTF-8 bytes of the text, 257 is ``<|im_end|>``), driven by ``openai.OpenAI`` with typed
-responses: every parameter :mod:`radixkv.serve.protocol` implements, given as the SDK
+responses: every parameter :mod:`radixkv.serve.openai.protocol` implements, given as the SDK
 gives it (named arguments where the SDK has them, ``extra_body`` for vLLM's), and the
 SDK's own parsing of each reply (``Completion``, ``ChatCompletion``, chunks, ``Model``,
 ``BadRequestError``). The random model is near-deterministic (its top token holds

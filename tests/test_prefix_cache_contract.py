@@ -94,6 +94,7 @@ def test_a_cache_without_the_event_surface_is_not_a_prefix_cache() -> None:
 
         def match(self, tokens, namespace=None, *, stats=True): ...
         def peek(self, tokens, namespace=None): ...
+        def check_namespace(self, namespace): ...
         def insert(self, tokens, blocks, namespace=None): ...
         def evict(self, num_blocks): ...
         def reset(self): ...
@@ -234,6 +235,11 @@ def test_unhashable_namespace_raises_and_changes_nothing(any_factory: Factory) -
         cache.match([1, 2], namespace=["unhashable"])
     with pytest.raises(TypeError):
         cache.peek([1, 2], namespace=["unhashable"])
+    with pytest.raises(TypeError):
+        cache.check_namespace(["unhashable"])
+    with pytest.raises(ValueError, match="equal to itself"):
+        cache.check_namespace(("t", float("nan")))
+    cache.check_namespace(("lora", 1))
     with pytest.raises(TypeError):
         cache.insert([5, 6, 7, 8], blocks, namespace={"a": 1})
     alloc.decref(blocks)

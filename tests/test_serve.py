@@ -41,7 +41,7 @@ from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
 from radixkv.serve.cli import curl_example  # noqa: E402
 from radixkv.serve.models import build_engine, engine_config  # noqa: E402
-from radixkv.serve.protocol import namespace_of  # noqa: E402
+from radixkv.serve.openai.protocol import namespace_of  # noqa: E402
 from radixkv.text.stream import TextStream  # noqa: E402
 from radixkv.text.tokenizer import (  # noqa: E402
     ByteTokenizer,
@@ -119,10 +119,10 @@ PROMPTS = ["The radix tree keeps every prefix once.", "Hello, world", "a"]
 
 
 def test_the_serve_package_keeps_its_public_names() -> None:
-    """Issue 23 moved the records the OpenAI layer reads to radixkv.serve.client; every name
+    """Issue 23 moved the records the OpenAI layer reads to radixkv.serve.openai.client; every name
     radixkv.serve exported stays importable from it."""
     import radixkv.serve
-    from radixkv.serve import client
+    from radixkv.serve.openai import client
 
     assert sorted(radixkv.serve.__all__) == [
         "AsyncEngine",

@@ -372,7 +372,7 @@ def test_replica_stats_report_a_dead_replica_as_unreachable() -> None:
     pytest.importorskip("torch")
     from ray.exceptions import ActorDiedError
 
-    from radixkv.serve.errors import ApiError
+    from radixkv.serve.openai.errors import ApiError
     from radixkv.serve.ray.ingress import collect_stats
 
     def row(replica: str, actor: str) -> dict[str, Any]:
@@ -633,9 +633,9 @@ def test_a_request_the_pool_cannot_hold_gets_the_single_server_s_error(fleet: st
 def test_the_ingress_serves_what_the_single_server_serves(fleet: str) -> None:
     """Issue 24: the fleet's ingress answered only completions, chat and /v1/models, parsed
     bodies only with a JSON Content-Type, and took a body of any size. Now it reads bodies
-    as the single server does (radixkv.serve.bodies) and offers the same routes: the same
+    as the single server does (radixkv.serve.openai.bodies) and offers the same routes: the same
     request gets the same status and body from both."""
-    from radixkv.serve.bodies import default_max_body_bytes
+    from radixkv.serve.openai.bodies import default_max_body_bytes
     from radixkv.text.tokenizer import model_name
 
     pool = NUM_BLOCKS * 16

@@ -54,10 +54,10 @@ from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
-from radixkv.serve.client import EngineMetrics, RequestOutput  # noqa: E402
-from radixkv.serve.handlers import OpenAIHandlers  # noqa: E402
-from radixkv.serve.metrics import ServerMetrics  # noqa: E402
-from radixkv.serve.protocol import (  # noqa: E402
+from radixkv.serve.openai.client import EngineMetrics, RequestOutput  # noqa: E402
+from radixkv.serve.openai.handlers import OpenAIHandlers  # noqa: E402
+from radixkv.serve.openai.metrics import ServerMetrics  # noqa: E402
+from radixkv.serve.openai.protocol import (  # noqa: E402
     NOT_IMPLEMENTED,
     ChatCompletionRequest,
     CompletionRequest,
@@ -944,7 +944,7 @@ class ScriptedCall:
 
 
 class ScriptedClient:
-    """An :class:`~radixkv.serve.client.EngineClient` over :class:`ScriptedCall`s: what the
+    """An :class:`~radixkv.serve.openai.client.EngineClient` over :class:`ScriptedCall`s: what the
     handlers see of a fleet's routed calls, without Ray."""
 
     tokenizer = TOK

@@ -33,8 +33,8 @@ from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
-from radixkv.serve.choices import Choice, Prompt, usage_of  # noqa: E402
-from radixkv.serve.metrics import RequestMetrics, tokens_buckets  # noqa: E402
+from radixkv.serve.openai.choices import Choice, Prompt, usage_of  # noqa: E402
+from radixkv.serve.openai.metrics import RequestMetrics, tokens_buckets  # noqa: E402
 from radixkv.text.tokenizer import load_tokenizer  # noqa: E402
 
 MODEL = "edges"

@@ -339,6 +339,10 @@ class HashBlockCache:
             counters.hit_tokens += num_tokens
         return MatchResult(blocks, num_tokens)
 
+    def check_namespace(self, namespace: Hashable) -> None:
+        """Raise what ``match`` would raise for ``namespace``; change nothing (``PrefixCache``)."""
+        self._namespace(namespace)
+
     def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """Tokens ``match(tokens, namespace)`` would return now, changing nothing.
 

@@ -474,15 +474,24 @@ class BlockHasher:
         n = len(data) // block_bytes
         if n == 0:
             return []
-        name = self.block_name
         if known:
             out: list[BlockName] = list(known[:n])
-            parent = out[-1]
         else:
-            parent = name(self.root, data[:block_bytes], extra)
-            out = [parent]
+            out = [self.block_name(self.root, data[:block_bytes], extra)]
+        return out + self.extend(out[-1], data, block_bytes, len(out))
+
+    def extend(
+        self, parent: BlockName, data: bytes, block_bytes: int, start: int = 0
+    ) -> list[BlockName]:
+        """Names of the full blocks of ``data`` from block ``start`` on, in order, the first
+        chained from ``parent`` (the name of the block before it) and each later one from
+        the one before: a chain continued past a name a caller kept. Returns a new list.
+        Complexity: O(hashed bytes).
+        """
+        name = self.block_name
+        out: list[BlockName] = []
         append = out.append
-        for start in range(len(out) * block_bytes, n * block_bytes, block_bytes):
-            parent = name(parent, data[start : start + block_bytes], b"")
+        for pos in range(start * block_bytes, len(data) // block_bytes * block_bytes, block_bytes):
+            parent = name(parent, data[pos : pos + block_bytes], b"")
             append(parent)
         return out

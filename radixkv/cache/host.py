@@ -40,6 +40,7 @@ import numpy as np
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.eviction import EVICTION_ORDERS
+from radixkv.cache.store.tier import StoreTier
 from radixkv.checks import check_int
 
 __all__ = ["WRITE_POLICIES", "BlockCopier", "HostTier", "NullCopier"]
@@ -104,6 +105,8 @@ class HostTier:
       before it is copied (0: at insert; SGLang's selective policy is 2).
     - ``eviction``: the host's own eviction order, a name in
       ``radixkv.cache.eviction.EVICTION_ORDERS``.
+    - ``store``: a :class:`~radixkv.cache.store.tier.StoreTier` below the host (None,
+      the default: none); its keyspace's block size must be the pool's.
 
     ``TypeError``/``ValueError`` naming the field and value at construction.
     One tier serves one cache.
@@ -114,6 +117,7 @@ class HostTier:
     write_policy: str = "write_back"
     write_through_hits: int = 2
     eviction: str = "lru"
+    store: StoreTier | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.allocator, BlockAllocator):
@@ -134,6 +138,16 @@ class HostTier:
             raise ValueError(
                 f"eviction must be one of {', '.join(EVICTION_ORDERS)}, got {self.eviction!r}"
             )
+        if self.store is not None:
+            if not isinstance(self.store, StoreTier):
+                raise TypeError(
+                    f"store must be a StoreTier or None, got {type(self.store).__name__}"
+                )
+            if self.store.keyspace.block_size != self.allocator.block_size:
+                raise ValueError(
+                    f"store.keyspace.block_size must equal allocator.block_size "
+                    f"{self.allocator.block_size}, got {self.store.keyspace.block_size}"
+                )
 
     @property
     def num_blocks(self) -> int:

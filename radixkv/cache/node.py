@@ -3,8 +3,9 @@
 Internal to ``radixkv.cache``: ``RadixCache`` owns every node. Besides the tree,
 only these write one, each its own fields: the events (``digests``,
 ``radixkv.cache.tree_events``), the pins (``pinned``, ``radixkv.cache.pins``), the
-host tier's subclass (``host``, ``host_entry``, ``radixkv.cache.tiered``) and the
-eviction order's hooks (``readmitted``); eviction orders read nodes through ``LeafView``.
+host tier's subclass (``host``, ``host_entry``, ``radixkv.cache.tiered``), the store
+tier (``store_digests``, ``radixkv.cache.store.tier``) and the eviction order's hooks
+(``readmitted``); eviction orders read nodes through ``LeafView``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Node:
         "pinned",
         "host",
         "host_entry",
+        "store_digests",
         "readmitted",
     )
 
@@ -83,6 +85,9 @@ class Node:
         # keep ``blocks == b""`` and always have a host copy.
         self.host: bytes | None = None
         self.host_entry: tuple | None = None
+        # With a store tier: the blocks' store chain digests, 32 bytes each, concatenated
+        # (None: not hashed yet; never set with the store off).
+        self.store_digests: bytes | None = None
         # Inserted where the ghost remembered a deleted leaf (GhostOrder's hooks write it)
         self.readmitted = False
 

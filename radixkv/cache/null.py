@@ -111,6 +111,10 @@ class NullCache:
             self._stats.query_tokens += len(arr)
         return MatchResult(_EMPTY_BLOCKS, 0)
 
+    def check_namespace(self, namespace: Hashable) -> None:
+        """Raise what ``match`` would raise for ``namespace`` (``PrefixCache``); change nothing."""
+        check_namespace(namespace)
+
     def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """0, after checking the input as ``match`` does. Changes nothing. Complexity: as match."""
         as_token_array(tokens)

@@ -39,7 +39,7 @@ caller asks any cache directly, never with ``getattr``. With events on,
 every method taking a namespace refuses one the hasher cannot encode
 (``ValueError`` naming ``namespace``; ``ChainHasher.check_namespace``),
 before any change: a caller checks a namespace up front with
-``peek([], namespace)``, O(1) in the built-in caches.
+``cache.check_namespace(namespace)``.
 """
 
 from __future__ import annotations
@@ -110,6 +110,16 @@ class PrefixCache(Protocol):
         Takes no reference, changes no structure, counter or eviction order,
         and registers no namespace. Same input validation as ``match``
         (``TypeError`` / ``ValueError``).
+        """
+        ...
+
+    def check_namespace(self, namespace: Hashable) -> None:
+        """Raise what every method taking ``namespace`` would raise for it; change nothing.
+
+        ``TypeError`` / ``ValueError`` as :func:`check_namespace`, and with events on
+        ``ValueError`` naming ``namespace`` if the hasher cannot encode it. For a caller
+        that checks a namespace before it queues work under it. Complexity: O(1) for a
+        namespace the cache holds blocks of, else O(size of the namespace).
         """
         ...
 

@@ -20,9 +20,19 @@ class MatchResult:
     ``TieredRadixCache.load`` brings it back to the device. ``loaded_num_tokens`` is
     the part of ``num_tokens`` that ``load`` did bring back (the last
     ``loaded_num_tokens // block_size`` blocks); 0 from ``match``.
+    ``store_num_tokens`` is what a cache with a store tier below the host
+    (``radixkv.cache.store.tier``) found in the store past the host-only tokens
+    (0 otherwise); from ``load``, the part of it ``load`` did not bring up.
     """
 
-    __slots__ = ("block_array", "num_tokens", "host_num_tokens", "loaded_num_tokens", "_blocks")
+    __slots__ = (
+        "block_array",
+        "num_tokens",
+        "host_num_tokens",
+        "loaded_num_tokens",
+        "store_num_tokens",
+        "_blocks",
+    )
 
     def __init__(
         self,
@@ -30,11 +40,13 @@ class MatchResult:
         num_tokens: int,
         host_num_tokens: int = 0,
         loaded_num_tokens: int = 0,
+        store_num_tokens: int = 0,
     ) -> None:
         self.block_array = block_array
         self.num_tokens = num_tokens
         self.host_num_tokens = host_num_tokens
         self.loaded_num_tokens = loaded_num_tokens
+        self.store_num_tokens = store_num_tokens
         self._blocks: list[int] | None = None
 
     @property
@@ -47,6 +59,8 @@ class MatchResult:
         host = f", host_num_tokens={self.host_num_tokens}" if self.host_num_tokens else ""
         if self.loaded_num_tokens:
             host += f", loaded_num_tokens={self.loaded_num_tokens}"
+        if self.store_num_tokens:
+            host += f", store_num_tokens={self.store_num_tokens}"
         return f"MatchResult(blocks={self.blocks!r}, num_tokens={self.num_tokens}{host})"
 
     def __eq__(self, other: object) -> bool:
@@ -56,6 +70,7 @@ class MatchResult:
             self.num_tokens == other.num_tokens
             and self.host_num_tokens == other.host_num_tokens
             and self.loaded_num_tokens == other.loaded_num_tokens
+            and self.store_num_tokens == other.store_num_tokens
             and self.blocks == other.blocks
         )
 

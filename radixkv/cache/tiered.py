@@ -14,14 +14,18 @@ nodes form a root-connected subtree, and every node a lower tier keeps is one
 the tier above dropped or mirrored. The tree calls one hook per event (a
 split, a new leaf, a device leaf evicted or unlinked, freed blocks, the walk's
 device part, an insert through nodes off the device), and this class forwards
-each event down the chain: today the host alone.
+each event down the chain: the host, and below it the store tier
+(``HostTier.store``, ``radixkv.cache.store.tier``; ``NoStore`` when there is none).
 
 **Where a tier below the host plugs in** (a KV store on local disk or a
 distributed store: does a run of blocks exist, batched put and get, keyed by
 the chained block hashes), all in this class and none in ``radixkv.cache.radix``:
-host eviction (``_evict_host``: a copy the store holds may be dropped freely),
-backup (``_backup``: written through to the store), ``match`` (asks the store
-for the run past the host prefix) and ``load`` (brings that run through the host).
+host eviction (``_evict_host``: a deleted host-only leaf is written to the store
+first under ``write_back``), backup (``_backup``: written through to the store
+under ``write_through``), ``match`` (asks the store for the run past the host
+prefix) and ``load`` (brings that run through the host); the store also splits
+its digests with a node (``_on_split``), claims itself with the pools and adds
+its own invariants to ``check``.
 
 **The host tier's state** (all of it here): the host pool's held-block map,
 the host eviction index over two kinds of candidates (host-only leaves,
@@ -46,10 +50,11 @@ from radixkv.cache.events import HOST_MEDIUM
 from radixkv.cache.eviction import EvictionOrder, make_eviction_order
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
-from radixkv.cache.node import EMPTY_BLOCKS, ID_BYTES, NO_CHILDREN, TOKEN_BYTES, Node
+from radixkv.cache.node import EMPTY_BLOCKS, ID_BYTES, NO_CHILDREN, TOKEN_BYTES, Node, Root
 from radixkv.cache.prefix_cache import check_num_blocks, release_held
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats, MatchResult
+from radixkv.cache.store.tier import DIGEST_BYTES, NO_STORE, NoStore, StoreTier
 from radixkv.errors import invariant
 
 __all__ = ["TieredRadixCache", "check_host_tier"]
@@ -130,6 +135,7 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         self._write_through = host.write_policy == "write_through"
         self._write_through_hits = host.write_through_hits
         self._loading: set[Node] = set()  # nodes a load is bringing in: never deleted
+        self._store: StoreTier | NoStore = NO_STORE if host.store is None else host.store
         # the tree's own arguments and state; it claims both pools last (_claim_pools)
         super().__init__(allocator, eviction, events=events, max_pinned_blocks=max_pinned_blocks)
 
@@ -149,6 +155,11 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         """``RadixCache.stats``, and ``host_blocks``: the host blocks holding a copy now."""
         return replace(super().stats, host_blocks=self._tier.used_blocks)
 
+    @property
+    def store(self) -> StoreTier | None:
+        """The store tier below the host (``HostTier.store`` at construction), None without one."""
+        return self._store if isinstance(self._store, StoreTier) else None
+
     # ------------------------------------------------------------ the walks
     def match(
         self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
@@ -156,12 +167,15 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         """``RadixCache.match``: the device prefix, and the host-only tokens past it.
 
         ``num_tokens`` is the longest prefix on the device (its blocks the
-        caller's, one reference each) and ``host_num_tokens`` how far the
-        prefix goes on past it on the host alone. Touches (and counts a hit on)
+        caller's, one reference each), ``host_num_tokens`` how far the
+        prefix goes on past it on the host alone, and ``store_num_tokens`` how
+        far on past both the store tier holds it (``HostTier.store``; one
+        ``contains_run``, never an error: a faulty store finds 0). Touches (and counts a hit on)
         every matched node of both tiers; with ``write_through``, backs up each
         device node of the prefix whose hits reach the threshold (a copier that
         raises leaves the node without a copy, before the caller gets any
-        reference). Complexity: as ``RadixCache.match``, plus the backups.
+        reference). Complexity: as ``RadixCache.match``, plus the backups, plus with a
+        store the hashing of the query's tokens past the tree's match.
         """
         arr = as_token_array(tokens)
         root = self._root_of(namespace)
@@ -172,6 +186,8 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
             counters.num_matches += 1
             counters.query_tokens += len(arr)
         path, pos, split_child, split_at = self._walk(root, arr)
+        rest = arr[pos // TOKEN_BYTES :]
+        store_tokens = self._store.lookup(path, split_child, split_at, rest, namespace) * self._bs
         dev_path, dev_pos, dev_split, dev_split_at = self._device_part(
             path, pos, split_child, split_at
         )
@@ -194,10 +210,10 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
             counters.hit_tokens += num_tokens
             counters.host_hit_tokens += host_tokens
         if not dev_path:
-            return MatchResult(EMPTY_BLOCKS, 0, host_tokens)
+            return MatchResult(EMPTY_BLOCKS, 0, host_tokens, 0, store_tokens)
         blocks = np.frombuffer(bytearray().join(n.blocks for n in dev_path), dtype=np.int32)
         kernels.incref_held(self._rc, blocks)
-        return MatchResult(blocks, num_tokens, host_tokens)
+        return MatchResult(blocks, num_tokens, host_tokens, 0, store_tokens)
 
     def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """``RadixCache.peek``: the device prefix ``match`` would return, changing nothing."""
@@ -210,8 +226,12 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
     ) -> MatchResult:
         """``match``, then bring the host-resident part of the prefix back to the device.
 
-        When nothing of the prefix is on the host alone, this is ``match``.
-        Otherwise the host-only nodes past the device prefix are loaded
+        When nothing of the prefix is on the host alone or in the store, this is
+        ``match``. The store's run (``store_num_tokens``) is read first into host
+        blocks (evicting from the host if short; a block the store no longer
+        gives, or gives unsound, ends the run there: the rest is recomputed) and
+        filed as a host-only node past the others. Then the host-only nodes past
+        the device prefix are loaded
         top-down, node by node and all-or-nothing per node (a prefix ending
         inside a node splits it first): device blocks are allocated, evicting
         first when the pool is short (the loading nodes cannot be deleted
@@ -221,7 +241,9 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         stops at the first node the pool cannot take. The caller gets one
         reference on every returned block, as from ``match``;
         ``host_num_tokens`` is what is still on the host alone,
-        ``loaded_num_tokens`` what was loaded (the last blocks of the result).
+        ``store_num_tokens`` what of the store's run did not reach the host,
+        ``loaded_num_tokens`` what was loaded (the last blocks of the result);
+        the three with ``num_tokens`` add up to ``match``'s.
         Counts ``loaded_blocks``; with events on, records a ``BlockStored``
         (medium ``"GPU"``) per loaded node.
 
@@ -232,18 +254,27 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         copy of the loaded blocks.
         """
         m = self.match(tokens, namespace, stats=stats)
-        if not m.host_num_tokens:
+        if not m.host_num_tokens and not m.store_num_tokens:
             return m
         arr = as_token_array(tokens)
-        path, _, split_child, split_at = self._walk(self._root_of(namespace), arr)
+        path, pos, split_child, split_at = self._walk(self._root_of(namespace), arr)
         nodes = [n for n in path if not n.blocks]
+        tip = path[-1] if path else None
         if split_child is not None and not split_child.blocks:
-            nodes.append(self._split(split_child, split_at))
+            tip = self._split(split_child, split_at)
+            nodes.append(tip)
         alloc = self._alloc
         parts = [m.block_array]
-        loaded = 0
+        loaded = fetched = 0
         self._loading.update(nodes)
         try:
+            # The store's run starts where match's walk ended (its backups may have cut it).
+            if m.store_num_tokens and pos // TOKEN_BYTES == m.num_tokens + m.host_num_tokens:
+                node = self._fetch(tip, arr[pos // TOKEN_BYTES :], namespace, m.store_num_tokens)
+                if node is not None:
+                    self._loading.add(node)
+                    nodes.append(node)
+                    fetched = len(node.key) // TOKEN_BYTES
             need = sum(n.num_blocks for n in nodes)
             if alloc.num_free < need:
                 self.evict(need - alloc.num_free)
@@ -272,7 +303,68 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
             self._stats.loaded_blocks += loaded
         moved = loaded * self._bs
         blocks = np.concatenate(parts) if loaded else m.block_array
-        return MatchResult(blocks, m.num_tokens + moved, m.host_num_tokens - moved, moved)
+        host_tokens = m.host_num_tokens + fetched - moved
+        return MatchResult(
+            blocks, m.num_tokens + moved, host_tokens, moved, m.store_num_tokens - fetched
+        )
+
+    def _fetch(
+        self, tip: Node | None, tokens: np.ndarray, namespace: Hashable, num_tokens: int
+    ) -> Node | None:
+        """Bring the run the store tier's last lookup found (``num_tokens`` of ``tokens``)
+        into fresh host blocks, filed as a host-only leaf below ``tip`` (None: the
+        namespace's root); None when nothing came. Takes what host room eviction can
+        make; a block the store no longer gives ends the run there."""
+        halloc = self._host_alloc
+        k = num_tokens // self._bs
+        if halloc.num_free < k:
+            self._evict_host(k - halloc.num_free)
+        hids = halloc.alloc_array(min(k, halloc.num_free))  # the tree's reference, if kept
+        try:
+            digests = self._store.fetch(hids)
+        except BaseException:
+            halloc.unalloc(hids)
+            raise
+        n = len(digests) // DIGEST_BYTES
+        if n < len(hids):
+            halloc.decref_distinct(hids[n:])
+        if not n:
+            return None
+        return self._graft(tip, tokens[: n * self._bs], hids[:n], namespace, digests)
+
+    def _graft(
+        self,
+        tip: Node | None,
+        tokens: np.ndarray,
+        hids: np.ndarray,
+        namespace: Hashable,
+        digests: bytes,
+    ) -> Node:
+        """A new host-only leaf: ``tokens`` on host blocks ``hids`` (the tree's reference)
+        below ``tip`` (None: the namespace's root, made if absent), keeping ``digests``."""
+        ns_key, root = self._lookup_root(namespace)
+        parent = root if tip is None else tip
+        chain = self._events.hash_leaf(parent, None, 0, namespace, tokens)
+        if parent is None:
+            parent = self._roots[ns_key] = Root(namespace, ns_key, self._clock)
+        data = tokens.tobytes()
+        leaf = Node(
+            data,
+            b"",
+            parent,
+            parent.depth_end + len(tokens),
+            self._clock,
+            None if chain is None else b"".join(chain.digests),
+        )
+        leaf.host = hids.tobytes()
+        leaf.store_digests = digests
+        kernels.set_flags(self._host_held, hids, True)
+        if parent.children is NO_CHILDREN:
+            parent.children = {}
+        parent.children[data[: self._block_bytes]] = leaf
+        self._host_index(leaf)  # a host-only leaf: a host eviction candidate
+        self._events.stored(leaf, HOST_MEDIUM)
+        return leaf
 
 
     # ------------------------------------------------- nodes back on the device
@@ -353,6 +445,8 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
                     skipped.append(entry)
                     continue
                 node.host_entry = None
+                if not node.blocks:
+                    self._store.released(node)  # write_back: to the store before it goes
                 freed += self._release_copy(node)
                 if not node.blocks:
                     self._unlink(node)
@@ -385,6 +479,7 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         self._host_index(node)
         self._stats.backed_up_blocks += k
         self._events.stored(node, HOST_MEDIUM)
+        self._store.backed_up(node)  # write_through: to the store as well
         return True
 
     def _release_copy(self, node: Node) -> int:
@@ -409,12 +504,14 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
 
     # ------------------------------------------- the tree's template hooks, for the host
     def _claim_pools(self) -> None:
-        """The host pool first, then the device's (the tree's)."""
+        """The store and the host pool first, then the device's (the tree's)."""
+        self._store.claim(self)
         self._host_alloc._claim(self, self._host_held)
         super()._claim_pools()
 
     def _on_split(self, head: Node, tail: Node, k: int) -> None:
-        """A host copy splits at the same boundary as the node."""
+        """A host copy (and the store digests) split at the same boundary as the node."""
+        self._store.split(head, tail, k)
         host = tail.host
         if host is not None:
             head.host = host[: k * ID_BYTES]
@@ -536,3 +633,4 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         )
         invariant(self._tier.used_blocks <= halloc.num_blocks, "host usage passed its capacity")
         halloc.check()
+        self._store.check(nodes)

@@ -407,10 +407,10 @@ class Engine:
         the model's vocabulary, or its prompt plus ``max_new_tokens`` is more than
         :attr:`max_model_len` (at most what the pool holds).
         Read the request's progress with :meth:`get`; it comes back from
-        :meth:`step` once finished.
+        :meth:`step` once finished. ``make_request`` then ``enqueue``.
         """
-        req = self._make_request(prompt, params, namespace)
-        self._enqueue([req], time.perf_counter())
+        req = self.make_request(prompt, params, namespace)
+        self.enqueue([req])
         return req.request_id
 
     def get(self, request_id: int) -> Request | None:
@@ -432,11 +432,23 @@ class Engine:
         self._generators.pop(request_id, None)
         return req
 
-    def _make_request(
-        self, prompt: TokenSeq, params: SamplingParams | None, namespace: Hashable
+    def make_request(
+        self, prompt: TokenSeq, params: SamplingParams | None = None, namespace: Hashable = None
     ) -> Request:
-        """A request checked against the model, the pool and the cache (nothing queued or
-        allocated); ``ValueError`` naming ``namespace`` if the cache cannot encode it."""
+        """A new request for ``prompt``, checked against the model, the pool and the cache;
+        nothing is queued or allocated. The one check of a request every front end makes
+        (:meth:`add_request`, :meth:`generate`, ``AsyncEngine.generate``): its errors name
+        the field.
+
+        ``TypeError`` / ``ValueError`` if ``params`` is not ``SamplingParams`` (None: the
+        defaults), the prompt is not a non-empty sequence of token ids (``prompt: ...``), a
+        token id is outside the vocabulary (``prompt`` / ``stop_token_ids`` /
+        ``logit_bias``), ``max_new_tokens`` leaves the request over :attr:`max_model_len`,
+        or the cache refuses ``namespace`` (``PrefixCache.check_namespace``).
+        Reads only what is fixed once the engine is built (vocabulary, pool, the cache's
+        hasher), so any thread may call it while another steps the engine.
+        Complexity: O(len(prompt) + len(params.stop_token_ids)).
+        """
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -449,22 +461,24 @@ class Engine:
                 f"prompt token id {top} is outside the model's vocabulary (vocab_size {vocab})"
             )
         params.check_vocab(vocab)
-        if req.prompt_len + params.max_new_tokens > self.max_model_len:
+        room = self.max_model_len - req.prompt_len
+        if params.max_new_tokens > room:
             raise ValueError(
-                f"request {req.request_id} asks for {req.prompt_len} prompt + "
-                f"{params.max_new_tokens} new tokens, more than max_model_len "
+                f"max_new_tokens is {params.max_new_tokens} but a prompt of {req.prompt_len} "
+                f"tokens leaves room for {max(room, 0)} within max_model_len "
                 f"{self.max_model_len} (the whole pool has {self.allocator.num_blocks} blocks "
                 f"of {self.config.block_size})"
             )
         self.scheduler.validate(req)
-        # The cache refuses a namespace it cannot encode (its KV event hashes): say so now,
-        # not when the scheduler first matches it. A built-in cache peeks no tokens in O(1).
-        self.cache.peek(req.prompt[:0], req.namespace)
+        self.cache.check_namespace(req.namespace)
         return req
 
-    def _enqueue(self, reqs: Sequence[Request], now: float) -> None:
-        """Queue checked requests; a sampled one gets its own generator now."""
-        for req in reqs:
+    def enqueue(self, requests: Sequence[Request]) -> None:
+        """Queue requests from :meth:`make_request` (not checked again), arriving now; a
+        sampled one gets its own random generator. ``ValueError`` from the scheduler if one
+        was queued before. Complexity: O(len(requests))."""
+        now = time.perf_counter()
+        for req in requests:
             req.arrival_time = now
             if not req.params.greedy:
                 seed = req.params.seed
@@ -584,9 +598,9 @@ class Engine:
         else:
             nlist = [namespace] * n
         reqs = [
-            self._make_request(p, sp, ns) for p, sp, ns in zip(prompts, plist, nlist, strict=True)
+            self.make_request(p, sp, ns) for p, sp, ns in zip(prompts, plist, nlist, strict=True)
         ]
-        self._enqueue(reqs, time.perf_counter())
+        self.enqueue(reqs)
         own_bar = progress is True
         bar = _progress(len(reqs)) if own_bar else (progress or None)
         pending = {r.request_id for r in reqs}

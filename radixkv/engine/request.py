@@ -283,7 +283,7 @@ class Request:
         "request_id", "params", "namespace", "prompt_len", "status", "finish_reason",
         "num_computed_tokens", "prefill_end", "cached_tokens", "num_prefill_tokens",
         "num_decode_tokens", "num_preemptions", "arrival_time", "first_token_time",
-        "finish_time", "admitted", "logprobs", "error", "_buf", "_len", "scheduled_time",
+        "finish_time", "logprobs", "error", "_buf", "_len", "scheduled_time",
         "top_logprobs", "prompt_logprobs", "prompt_scoring", "sampler_state",
     )  # fmt: skip
 
@@ -294,7 +294,10 @@ class Request:
         arrival_time: float = 0.0,
         namespace: Hashable = None,
     ) -> None:
-        tokens = as_token_array(prompt)
+        try:
+            tokens = as_token_array(prompt)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"prompt: {exc}") from None
         if tokens.size == 0:
             raise ValueError("prompt must hold at least one token")
         if (tokens < 0).any():
@@ -324,7 +327,6 @@ class Request:
         """When the engine first scheduled it (``time.perf_counter``): its queue time ends."""
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
-        self.admitted = False
         self.logprobs: list[float] = []
         """Log-probability of each output token under the model's distribution."""
         self.top_logprobs: list[list[tuple[int, float]]] = []

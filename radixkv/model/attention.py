@@ -46,6 +46,7 @@ __all__ = [
     "dense_causal_attention",
     "paged_attention",
     "query_positions",
+    "slot_mapping",
 ]
 
 ATTENTION_BACKENDS = ("loop", "padded", "varlen")
@@ -98,6 +99,30 @@ def query_positions(
     seq = np.repeat(np.arange(qls.size, dtype=np.int64), qls)
     offset = np.arange(seq.size, dtype=np.int64) - _starts(qls)[seq]
     return seq, (cls_ - qls)[seq] + offset
+
+
+def slot_mapping(
+    blocks: np.ndarray,
+    first_blocks: np.ndarray,
+    seq_of_token: np.ndarray,
+    positions: np.ndarray,
+    block_size: int,
+) -> np.ndarray:
+    """Each new token's KV pool slot: ``block_table[pos // block_size] * block_size + pos %
+    block_size`` of its sequence. The one computation of slots, eager and CUDA-graph alike.
+
+    ``blocks`` holds the sequences' block tables back to back, sequence ``i``'s from
+    ``first_blocks[i]`` (:func:`context_blocks`, or the rows of a padded table); per new
+    token, ``seq_of_token`` and ``positions`` (:func:`query_positions`). Int64 arrays; not
+    range-checked. Complexity: O(num_tokens).
+
+    >>> slot_mapping(np.array([1, 6, 5]), np.array([0, 2]), np.array([0, 0, 1]),
+    ...              np.array([4, 5, 2]), 4).tolist()
+    [24, 25, 22]
+    """
+    return blocks[first_blocks[seq_of_token] + positions // block_size] * block_size + (
+        positions % block_size
+    )
 
 
 @dataclass

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from radixkv.checks import check_int
+from radixkv.model.attention import slot_mapping
 from radixkv.model.forward_batch import ForwardBatch
 from radixkv.model.kvpool import KVPool
 
@@ -130,18 +131,19 @@ def fill_decode_inputs(
             f"{width} x block_size {block_size})"
         )
     pos = ctx - 1
-    tables = buffer[layout["block_tables"]].reshape(-1, width)
-    last_block = np.empty(n, dtype=np.int64)
+    flat_tables = buffer[layout["block_tables"]]
+    tables = flat_tables.reshape(-1, width)
     for i, (table, c) in enumerate(zip(block_tables, ctx.tolist(), strict=True)):
         nb = -(-c // block_size)
         tables[i, :nb] = table[:nb]
-        last_block[i] = tables[i, (c - 1) // block_size]
+    seqs = np.arange(n, dtype=np.int64)  # one new token per sequence, its row of the tables
+    slots = slot_mapping(flat_tables, seqs * width, seqs, pos, block_size)
     rows = slice(0, n)
     pad = slice(n, batch_size)
     for name, real, fill in (
         ("input_ids", np.asarray(input_ids, dtype=np.int64), 0),
         ("positions", pos, 0),
-        ("slot_mapping", last_block * block_size + pos % block_size, -1),
+        ("slot_mapping", slots, -1),
         ("context_lens", ctx, 0),
     ):
         region = buffer[layout[name]]

@@ -26,6 +26,7 @@ from radixkv.model.attention import (
     AttentionMetadata,
     context_blocks,
     query_positions,
+    slot_mapping,
 )
 from radixkv.model.cascade import CascadePlan, plan_cascade
 from radixkv.model.gather import indices_to_device
@@ -208,12 +209,10 @@ class ForwardBatch:
                 f"input_ids[{t}] = {int(ids[t])} (sequence {int(seq_of_token[t])}) is negative"
             )
 
-        # the one computation of slots: block_table[pos // bs] * bs + pos % bs
-        block_of_token = ctx_blocks[first_blocks[seq_of_token] + positions // bs]
         host = {
             "input_ids": ids,
             "positions": positions,
-            "slot_mapping": block_of_token * bs + positions % bs,
+            "slot_mapping": slot_mapping(ctx_blocks, first_blocks, seq_of_token, positions, bs),
             "last_token_index": np.cumsum(np.asarray(qls, dtype=np.int64)) - 1,
         }
         meta, plan, kernel = None, None, None

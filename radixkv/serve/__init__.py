@@ -2,12 +2,10 @@
 
 Three rooms:
 
-- The OpenAI layer, torch-free (fastapi, pydantic, prometheus_client): the request shapes
-  (:mod:`~radixkv.serve.protocol`), the response shapes (:mod:`~radixkv.serve.responses`),
-  errors (:mod:`~radixkv.serve.errors`), a request's choices (:mod:`~radixkv.serve.choices`),
-  the request handling (:mod:`~radixkv.serve.handlers`) over an engine client and the records
-  it reads from an engine (:mod:`~radixkv.serve.client`: ``RequestOutput``,
-  ``EngineMetrics``), Prometheus text (:mod:`~radixkv.serve.metrics`).
+- :mod:`radixkv.serve.openai`: the OpenAI layer, torch-free (fastapi, pydantic,
+  prometheus_client): request and response shapes, errors, the request handling over an
+  engine client and the records it reads from an engine (``RequestOutput``,
+  ``EngineMetrics``), Prometheus text.
 - The one-engine server (torch): :mod:`~radixkv.serve.async_engine` runs an
   :class:`~radixkv.engine.Engine` on a thread of its own for asyncio code
   (:mod:`~radixkv.serve.worker` is that thread, :mod:`~radixkv.serve.stream` what a caller
@@ -33,13 +31,13 @@ if TYPE_CHECKING:
     from radixkv.model.loading import load_model
     from radixkv.serve.app import build_app
     from radixkv.serve.async_engine import AsyncEngine
-    from radixkv.serve.client import EngineMetrics, RequestOutput
     from radixkv.serve.models import build_engine
+    from radixkv.serve.openai.client import EngineMetrics, RequestOutput
 
 _NAMES = {
     "AsyncEngine": "radixkv.serve.async_engine",
-    "EngineMetrics": "radixkv.serve.client",
-    "RequestOutput": "radixkv.serve.client",
+    "EngineMetrics": "radixkv.serve.openai.client",
+    "RequestOutput": "radixkv.serve.openai.client",
     "build_app": "radixkv.serve.app",
     "build_engine": "radixkv.serve.models",
     "load_model": "radixkv.model.loading",

@@ -8,12 +8,13 @@
   request gets, the engine's limit or the model's context length if shorter), ``GET
   /version``, vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``;
 - ``GET /health`` (200, or 503 once the engine thread failed), ``GET /metrics``
-  (Prometheus text, :mod:`radixkv.serve.metrics`, names under ``metrics_prefix``);
+  (Prometheus text, :mod:`radixkv.serve.openai.metrics`, names under ``metrics_prefix``);
 - only with ``enable_cache_reset``: vLLM's ``POST /reset_prefix_cache`` and SGLang's
   ``POST /flush_cache``, which empty the prefix cache while no request runs (200) and
   refuse while one does (409); without it both are the 404 of an unknown path.
 
-The body is read as JSON whatever its ``Content-Type`` (:func:`~radixkv.serve.errors.parse_body`).
+The body is read as JSON whatever its ``Content-Type``
+(:func:`~radixkv.serve.openai.errors.parse_body`).
 A bad request (bytes that are not UTF-8 JSON, a wrong type, text that is not valid
 Unicode, an unsupported option, a token id outside the vocabulary, a prompt or
 ``max_tokens`` the KV pool cannot hold) gets HTTP 400 with OpenAI's error body and
@@ -38,17 +39,17 @@ from fastapi.responses import Response
 from radixkv.checks import check_int
 from radixkv.engine.request import SamplingParams
 from radixkv.serve.async_engine import AsyncEngine
-from radixkv.serve.bodies import default_max_body_bytes, read_body, server_version
-from radixkv.serve.client import RequestOutput
-from radixkv.serve.errors import ApiError, error_response, install_error_handlers, parse_body
-from radixkv.serve.handlers import (
+from radixkv.serve.openai.bodies import default_max_body_bytes, read_body, server_version
+from radixkv.serve.openai.client import RequestOutput
+from radixkv.serve.openai.errors import ApiError, error_response, install_error_handlers, parse_body
+from radixkv.serve.openai.handlers import (
     DEFAULT_CHAT_MAX_TOKENS,
     DEFAULT_COMPLETION_MAX_TOKENS,
     OpenAIHandlers,
 )
-from radixkv.serve.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
-from radixkv.serve.openapi import document_bodies
-from radixkv.serve.protocol import (
+from radixkv.serve.openai.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
+from radixkv.serve.openai.openapi import document_bodies
+from radixkv.serve.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -198,7 +199,7 @@ def build_app(
 
 
 class _EngineClient:
-    """:class:`~radixkv.serve.client.EngineClient` over one engine: the handlers check a
+    """:class:`~radixkv.serve.openai.client.EngineClient` over one engine: the handlers check a
     request against its vocabulary and pool before queueing it."""
 
     def __init__(self, engine: AsyncEngine) -> None:

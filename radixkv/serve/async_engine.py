@@ -25,7 +25,8 @@ alternatives, times: a :class:`~radixkv.serve.stream.TokenInfo`): the engine tel
 module's recorder (its ``observer``) during the step, and each request's delta picks it
 up on its way out, on the engine thread.
 
-This module is the loop side (lifecycle, checks, delivery);
+This module is the loop side (lifecycle, delivery; a request is checked by
+``Engine.make_request``);
 :mod:`~radixkv.serve.worker` is the engine thread's; :mod:`~radixkv.serve.stream`
 is what a consumer iterates.
 """
@@ -41,12 +42,9 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
-import numpy as np
-
-from radixkv.cache.prefix_cache import check_namespace
 from radixkv.engine.engine import Engine
 from radixkv.engine.request import Request, SamplingParams
-from radixkv.serve.client import EngineMetrics
+from radixkv.serve.openai.client import EngineMetrics
 from radixkv.serve.stream import Delta, RequestStream, TokenInfo
 from radixkv.serve.worker import ABORT, ADD, CALL, STOP, EngineWorker, EventSink
 
@@ -168,22 +166,22 @@ class AsyncEngine:
         """Queue one request and return the stream of its outputs.
 
         Call from a coroutine on the loop the engine serves. ``TypeError`` /
-        ``ValueError`` (naming the argument and the value) before anything is
-        queued when ``prompt_ids``, ``params`` or ``namespace`` is malformed, a
-        token or stop id is outside the model's vocabulary, or the prompt plus
-        ``max_new_tokens`` is more than the engine's ``max_model_len`` (see
+        ``ValueError`` (naming the field and the value) before anything is queued, from
+        ``Engine.make_request`` (here, on the loop): a malformed prompt, ``params`` or
+        ``namespace``, a token or stop id outside the model's vocabulary, or the prompt
+        plus ``max_new_tokens`` over the engine's ``max_model_len`` (see
         :meth:`max_new_tokens`). ``RuntimeError`` after :meth:`drain` or while shutting
         down. ``prompt_ids`` is copied. Complexity:
         O(len(prompt_ids)) here; the request runs on the engine thread.
         """
-        prompt = self._checked_prompt(prompt_ids, params, namespace)
+        request = self.engine.make_request(prompt_ids, params, namespace)
         if self._draining:
             raise RuntimeError("the AsyncEngine is shutting down")
         self._ensure_started()
         stream_id = next(self._ids)
         channel: asyncio.Queue = asyncio.Queue()
         self._channels[stream_id] = channel
-        self._commands.put((ADD, stream_id, prompt, params, namespace))
+        self._commands.put((ADD, stream_id, request))
         return RequestStream(stream_id, channel, self._abandon)
 
     async def abort(self, request_id: int) -> None:
@@ -237,37 +235,6 @@ class AsyncEngine:
         engine thread's: its id maps are inverse and hold only unfinished requests.
         ``InvariantError`` naming the first broken one."""
         await self.call(self._worker.verify)
-
-    def _checked_prompt(
-        self, prompt_ids: Sequence[int], params: SamplingParams, namespace: Hashable
-    ) -> np.ndarray:
-        """The prompt as a fresh int32 array, after every check ``Engine.add_request`` makes.
-
-        Reads only what never changes after the engine is built (vocabulary and pool
-        size), so it is safe off the engine thread.
-        """
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        check_namespace(namespace)
-        try:
-            req = Request(prompt_ids, params)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"prompt_ids: {exc}") from None
-        prompt = np.array(req.prompt)
-        vocab = self.vocab_size
-        top = int(prompt.max())
-        if top >= vocab:
-            raise ValueError(
-                f"prompt_ids holds token id {top}, outside the vocabulary (vocab_size {vocab})"
-            )
-        params.check_vocab(vocab)
-        room = self.max_new_tokens(req.prompt_len)
-        if params.max_new_tokens > room:
-            raise ValueError(
-                f"max_new_tokens is {params.max_new_tokens} but a prompt of {req.prompt_len} "
-                f"tokens leaves room for {room} within max_model_len {self.engine.max_model_len}"
-            )
-        return prompt
 
     # ----------------------------------------------------------- loop side
     def _deliver(self, outputs: list[tuple[int, Delta | BaseException]]) -> None:

@@ -195,9 +195,9 @@ def run_serve(args: argparse.Namespace) -> int:
         from radixkv.model.loading import load_model
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
-        from radixkv.serve.metrics import check_prefix
         from radixkv.serve.models import build_engine, default_max_model_len, engine_config
-        from radixkv.serve.protocol import utf8_problem
+        from radixkv.serve.openai.metrics import check_prefix
+        from radixkv.serve.openai.protocol import utf8_problem
         from radixkv.text.tokenizer import context_length, model_name
     except ImportError as exc:
         return fail(PROG, f"{exc}; install the serve extra: pip install 'radixkv[serve]'")

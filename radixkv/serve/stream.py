@@ -3,7 +3,7 @@
 The engine thread posts a :class:`Delta` per request and step into the request's
 ``asyncio.Queue``, with a :class:`TokenInfo` (the new tokens' logprobs and times) where
 the engine produced tokens; :class:`RequestStream` turns them into
-:class:`~radixkv.serve.client.RequestOutput` (the new tokens and what is known of them,
+:class:`~radixkv.serve.openai.client.RequestOutput` (the new tokens and what is known of them,
 all tokens so far, how it ended) and aborts the request when its consumer leaves.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from radixkv.engine.request import PromptLogprobs
-from radixkv.serve.client import RequestOutput, TopLogprobs
+from radixkv.serve.openai.client import RequestOutput, TopLogprobs
 
 __all__ = ["Delta", "RequestStream", "TokenInfo"]
 

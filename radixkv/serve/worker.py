@@ -23,7 +23,7 @@ from radixkv.cache.events import KVCacheEvent
 from radixkv.engine.engine import Engine
 from radixkv.engine.request import Request
 from radixkv.errors import InvariantError
-from radixkv.serve.client import EngineMetrics
+from radixkv.serve.openai.client import EngineMetrics
 from radixkv.serve.stream import Delta
 
 __all__ = [
@@ -40,7 +40,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Commands, as tuples: (ADD, stream_id, prompt, params, namespace), (ABORT, stream_id),
+# Commands, as tuples: (ADD, stream_id, request from Engine.make_request), (ABORT, stream_id),
 # (CALL, fn, concurrent.futures.Future), (STOP,).
 ADD, ABORT, CALL, STOP = "add", "abort", "call", "stop"
 
@@ -163,12 +163,13 @@ class EngineWorker:
     def _apply(self, command: tuple, outputs: list) -> None:
         kind = command[0]
         if kind == ADD:
-            _, stream_id, prompt, params, namespace = command
+            _, stream_id, request = command
             try:
-                engine_id = self.engine.add_request(prompt, params, namespace)
+                self.engine.enqueue([request])
             except Exception as exc:  # noqa: BLE001 - the stream raises it
                 outputs.append((stream_id, exc))
                 return
+            engine_id = request.request_id
             t = _Tracked(stream_id, engine_id)
             self.by_stream[stream_id] = t
             self.by_engine[engine_id] = t

@@ -114,6 +114,19 @@ class StoreKeyspace:
         data = as_token_array(tokens).tobytes()
         return _CHAIN.chain(data, 4 * self.block_size, namespace_bytes(namespace), known)
 
+    def chain_from(
+        self, parent: bytes | None, tokens: TokenSeq, namespace: Hashable = None
+    ) -> list[bytes]:
+        """The chain digests of the full blocks of ``tokens`` where they continue a prefix
+        whose last block's chain digest is ``parent`` (None: ``tokens`` start at the root,
+        under ``namespace``, as :meth:`chain`). ``chain_from(c[-1], more)`` of
+        ``c = chain(head, ns)`` is ``chain(head + more, ns)[len(c):]`` for a block-aligned
+        ``head``. Complexity: O(len(tokens)).
+        """
+        if parent is None:
+            return self.chain(tokens, namespace)
+        return _CHAIN.extend(parent, as_token_array(tokens).tobytes(), 4 * self.block_size)
+
     def key(self, chain_digest: bytes, namespace: Hashable = None) -> bytes:
         """The store key of one block from its chain digest: see the module docstring."""
         h = hashlib.blake2b(self.digest, digest_size=KEY_BYTES, person=b"radixkv/kvblock")

@@ -43,6 +43,10 @@ class LruIndex:
         """Keys, least recently used first."""
         return iter(self._entries)
 
+    def size(self, key: bytes) -> int | None:
+        """``key``'s entry size, or None if it is not indexed; not a use. O(1)."""
+        return self._entries.get(key)
+
     def touch(self, key: bytes) -> bool:
         """Mark ``key`` used now; False if it is not indexed. O(1)."""
         try:

@@ -4,7 +4,7 @@
   its cache's KV events), ``build_fleet_app`` and ``serve_fleet`` (``radixkv serve
   --replicas N --router NAME``); the one module here that loads torch and a model.
 - :mod:`~radixkv.serve.ray.ingress`: ``FleetIngress``, the OpenAI API on Serve
-  (:mod:`radixkv.serve.handlers` over a routed client); torch-free, it only parses,
+  (:mod:`radixkv.serve.openai.handlers` over a routed client); torch-free, it only parses,
   tokenizes and routes.
 - :mod:`~radixkv.serve.ray.request_router`: ``PrefixRouter``, Serve's request router
   running a radixkv policy; its bookkeeping is :class:`~radixkv.fleet.routing_state.RoutingState`

@@ -47,9 +47,9 @@ from radixkv.engine.request import SamplingParams
 from radixkv.fleet.router import ROUTERS
 from radixkv.fleet.transport import EventPublisher, offset_endpoint
 from radixkv.serve.async_engine import AsyncEngine
-from radixkv.serve.client import RequestOutput
-from radixkv.serve.metrics import DEFAULT_PREFIX, check_prefix
 from radixkv.serve.models import build_engine, check_engine_options, event_hasher
+from radixkv.serve.openai.client import RequestOutput
+from radixkv.serve.openai.metrics import DEFAULT_PREFIX, check_prefix
 from radixkv.serve.ray.ingress import DRAIN_TIMEOUT_S, EngineLimits, FleetIngress
 from radixkv.serve.ray.request_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
 from radixkv.text.tokenizer import model_name

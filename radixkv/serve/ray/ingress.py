@@ -2,12 +2,12 @@
 
 Serve's HTTP proxy hands a deployment opaque ASGI payloads, so no request
 router can see a prompt there. :class:`FleetIngress` parses and validates the
-OpenAI request (:mod:`radixkv.serve.protocol`), tokenizes it, and calls the
+OpenAI request (:mod:`radixkv.serve.openai.protocol`), tokenizes it, and calls the
 engine deployment's ``generate`` through a streaming handle with the token ids
 as the keyword ``prompt_ids``: the handle's request router
 (:class:`~radixkv.serve.ray.request_router.PrefixRouter`) places it by prefix and load.
 Everything else is the single-engine server's request handling
-(:class:`~radixkv.serve.handlers.OpenAIHandlers` over this module's routed client),
+(:class:`~radixkv.serve.openai.handlers.OpenAIHandlers` over this module's routed client),
 with the replicas' :class:`EngineLimits` (asked of one replica when the
 ingress starts: every replica is built alike), so a request the single server
 refuses gets the same 400 here before any replica sees it;
@@ -17,7 +17,7 @@ cache held.
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both also as
 server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (every
 replica's engine metrics, and the requests' histograms this ingress records through the
-handlers, as the single server's; :mod:`radixkv.serve.metrics`) and
+handlers, as the single server's; :mod:`radixkv.serve.openai.metrics`) and
 ``GET /replicas`` (the replicas that answer; one that does not is reported
 as unreachable). Two operator routes are the 404 of an unknown path unless enabled:
 ``GET /router`` (``enable_router_view``: this ingress's router's view of the fleet, load
@@ -49,13 +49,13 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
 from radixkv.engine.request import SamplingParams
-from radixkv.serve.bodies import default_max_body_bytes, read_body, server_version
-from radixkv.serve.client import EngineMetrics, RequestOutput
-from radixkv.serve.errors import ApiError, as_api_error, install_error_handlers, parse_body
-from radixkv.serve.handlers import OpenAIHandlers
-from radixkv.serve.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
-from radixkv.serve.openapi import document_bodies
-from radixkv.serve.protocol import (
+from radixkv.serve.openai.bodies import default_max_body_bytes, read_body, server_version
+from radixkv.serve.openai.client import EngineMetrics, RequestOutput
+from radixkv.serve.openai.errors import ApiError, as_api_error, install_error_handlers, parse_body
+from radixkv.serve.openai.handlers import OpenAIHandlers
+from radixkv.serve.openai.metrics import CONTENT_TYPE, DEFAULT_PREFIX, ServerMetrics
+from radixkv.serve.openai.openapi import document_bodies
+from radixkv.serve.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -169,7 +169,7 @@ class _RoutedCall:
 
 
 class _RoutedClient:
-    """:class:`~radixkv.serve.client.EngineClient` over the engine deployment's handle:
+    """:class:`~radixkv.serve.openai.client.EngineClient` over the engine deployment's handle:
     the handlers check each request against the replicas' ``limits``, then it goes where
     the handle's router places it."""
 
@@ -311,7 +311,7 @@ class FleetIngress:
             self._open -= 1
 
     # ------------------------------------------------------------ routes
-    # Bodies are read as the one-engine app reads them (radixkv.serve.bodies): up to a byte
+    # Bodies are read as the one-engine app reads them (radixkv.serve.openai.bodies): up to a byte
     # limit, then JSON whatever the Content-Type, so a client that sends none is served.
     @api.post("/v1/completions", response_model=None)
     async def completions(self, request: Request) -> Response:

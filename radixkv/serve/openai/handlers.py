@@ -1,15 +1,15 @@
 """The OpenAI API's request handling, written once over any engine client.
 
-:class:`OpenAIHandlers` (over an :class:`~radixkv.serve.client.EngineClient`) turns a
-parsed request (:mod:`radixkv.serve.protocol`) into prompts (token ids) and
+:class:`OpenAIHandlers` (over an :class:`~radixkv.serve.openai.client.EngineClient`) turns a
+parsed request (:mod:`radixkv.serve.openai.protocol`) into prompts (token ids) and
 :class:`~radixkv.engine.request.SamplingParams`, starts
 one engine call per choice (``n`` per prompt: forks of one prompt share its blocks,
 since the first fork's prefill is cached before the others are admitted) and shapes
-what comes back (:mod:`radixkv.serve.choices`): one JSON response, or server-sent
+what comes back (:mod:`radixkv.serve.openai.choices`): one JSON response, or server-sent
 events ending in ``data: [DONE]``, every choice's chunks as they come, each with its
 ``index``; text and stop strings through :class:`~radixkv.text.stream.TextStream`;
 ``usage`` with the prompt tokens the cache held. A bad request is an
-:class:`~radixkv.serve.errors.ApiError` (OpenAI's error body) before the engine sees
+:class:`~radixkv.serve.openai.errors.ApiError` (OpenAI's error body) before the engine sees
 any of it; any other failure is logged and answered as a 500 with that body (an
 exception escaping the app would drop the client's keep-alive connection). Prompts are
 tokenized (and chat templates rendered) on a worker thread, so a long prompt does not
@@ -34,11 +34,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixkv.engine.request import SamplingParams
-from radixkv.serve.choices import Choice, Prompt, ReplySpec, fork_seed, merged, usage_of
-from radixkv.serve.client import EngineCall, EngineClient, RequestOutput
-from radixkv.serve.errors import ApiError, as_api_error
-from radixkv.serve.metrics import NO_REQUEST_METRICS, RequestMetrics
-from radixkv.serve.protocol import (
+from radixkv.serve.openai.choices import Choice, Prompt, ReplySpec, fork_seed, merged, usage_of
+from radixkv.serve.openai.client import EngineCall, EngineClient, RequestOutput
+from radixkv.serve.openai.errors import ApiError, as_api_error
+from radixkv.serve.openai.metrics import NO_REQUEST_METRICS, RequestMetrics
+from radixkv.serve.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -47,7 +47,7 @@ from radixkv.serve.protocol import (
     namespace_of,
     new_id,
 )
-from radixkv.serve.responses import envelope
+from radixkv.serve.openai.responses import envelope
 from radixkv.text.stream import TextStream
 from radixkv.text.tokenizer import Tokenizer, encode_plain, render_chat, tokenizer_info
 
@@ -356,21 +356,10 @@ class OpenAIHandlers:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        # stop's ids join stop_token_ids here: check them under the client's name for them
+        self._check_ids(body.stop_ids(only="stop"), "stop")
         stop_ids = body.stop_ids()
         bias = body.logit_bias_pairs()  # once: up to MAX_TOKEN_IDS entries
-        checks = (
-            ("stop", body.stop_ids(only="stop")),
-            ("stop_token_ids", stop_ids),
-            ("logit_bias", [t for t, _ in bias]),
-        )
-        for param, ids in checks:
-            bad = [t for t in ids if vocab is not None and t >= vocab]
-            if bad:
-                raise ApiError(
-                    400,
-                    f"{param} holds token ids {bad}, outside the vocabulary (size {vocab})",
-                    param=param,
-                )
         if not body.ignore_eos and self.client.tokenizer is not None:
             stop_ids += [t for t in self.client.tokenizer.stop_token_ids if t not in stop_ids]
         top = body.num_top_logprobs
@@ -393,6 +382,8 @@ class OpenAIHandlers:
                 top_logprobs=top or 0,
                 prompt_logprobs=max(asks) if asks else None,
             )
+            if vocab is not None:
+                params.check_vocab(vocab)  # the engine's rule, before any choice starts
         except (TypeError, ValueError) as exc:  # its messages start with the field's name
             field = str(exc).split(" ", 1)[0].split("[", 1)[0]  # "stop_token_ids[2] must ..."
             raise ApiError(

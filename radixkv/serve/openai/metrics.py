@@ -46,10 +46,10 @@ name                                        type       meaning
 ==========================================  =========  =====================================
 
 The gauges and counters come from the engine thread's snapshot
-(:class:`~radixkv.serve.client.EngineMetrics`; in a fleet, every answering replica's)
+(:class:`~radixkv.serve.openai.client.EngineMetrics`; in a fleet, every answering replica's)
 and the host tier's :class:`~radixkv.engine.stats.TierStats` at scrape time; the
 histograms and ``request_success`` are recorded by the request handlers
-(:class:`~radixkv.serve.handlers.OpenAIHandlers`, the one code path of the single
+(:class:`~radixkv.serve.openai.handlers.OpenAIHandlers`, the one code path of the single
 server and the fleet's ingress) as each choice ends (:class:`RequestMetrics`), with the
 finish reason the client saw (a stop string is ``stop``). Times from the engine (queue,
 prefill, decode, between tokens) are differences of its ``time.perf_counter`` stamps (a
@@ -69,11 +69,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from radixkv.serve.client import EngineMetrics
+from radixkv.serve.openai.client import EngineMetrics
 
 if TYPE_CHECKING:
     from radixkv.engine.stats import TierStats
-    from radixkv.serve.choices import Choice
+    from radixkv.serve.openai.choices import Choice
 
 __all__ = [
     "CONTENT_TYPE",

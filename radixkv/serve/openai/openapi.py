@@ -1,7 +1,7 @@
 """The API's OpenAPI document names each POST route's JSON body.
 
-The routes read their bodies themselves (:func:`~radixkv.serve.bodies.read_body` bounds the
-size before anything is parsed, :func:`~radixkv.serve.errors.parse_body` maps errors to
+The routes read their bodies themselves (:func:`~radixkv.serve.openai.bodies.read_body` bounds the
+size before anything is parsed, :func:`~radixkv.serve.openai.errors.parse_body` maps errors to
 OpenAI's shape), so FastAPI cannot infer the bodies from the handlers' signatures. Without
 them ``/openapi.json`` would describe four POST routes that take nothing, and a client
 generator or a schema-driven fuzzer (the suite runs schemathesis over it) would never send a
@@ -19,7 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from radixkv.serve.protocol import (
+from radixkv.serve.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,

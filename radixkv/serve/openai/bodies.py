@@ -3,7 +3,7 @@
 The one-engine app (:mod:`radixkv.serve.app`) and the Ray fleet's ingress
 (:mod:`radixkv.serve.ray.ingress`) take the same bodies the same way: read in chunks up to
 a byte limit (413 as soon as it is known to be over, before it is read whole), then
-parsed as JSON whatever the ``Content-Type`` (:func:`~radixkv.serve.errors.parse_body`).
+parsed as JSON whatever the ``Content-Type`` (:func:`~radixkv.serve.openai.errors.parse_body`).
 Part of the OpenAI layer: no torch.
 """
 
@@ -13,7 +13,7 @@ import importlib.metadata
 
 from fastapi import Request
 
-from radixkv.serve.errors import ApiError
+from radixkv.serve.openai.errors import ApiError
 
 __all__ = [
     "BODY_BYTES_PER_TOKEN",

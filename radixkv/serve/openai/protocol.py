@@ -1,4 +1,4 @@
-"""The OpenAI API's requests as pydantic models (responses: :mod:`~radixkv.serve.responses`).
+"""The OpenAI API's requests as pydantic models (responses: :mod:`~radixkv.serve.openai.responses`).
 
 Requests are checked strictly: every field has its OpenAI (or vLLM) type and JSON types
 are not coerced (``"max_tokens": "5"`` and ``"stream": 1`` are errors); an optional
@@ -750,13 +750,10 @@ def namespace_of(cache_salt: str | None, user: str | None) -> Hashable:
 
     A salt is the namespace itself, so a radixkv replica's KV event hashes for a
     salted prompt match vLLM's (which puts the salt in the first block's extra keys);
-    the ``"user"`` tag keeps a user named like a salt apart from it. ``ValueError``
-    naming the field if either is not valid UTF-8 text (a lone surrogate).
+    the ``"user"`` tag keeps a user named like a salt apart from it. Both come from a
+    parsed request, so they are text already (``Text``); the engine checks the namespace
+    against its cache (``Engine.make_request``).
     """
-    for field, value in (("cache_salt", cache_salt), ("user", user)):
-        problem = None if value is None else utf8_problem(value)
-        if problem is not None:
-            raise ValueError(f"{field}: {problem}")
     if cache_salt is not None:
         return cache_salt
     if user is not None:

@@ -1,6 +1,6 @@
 """What the OpenAI layer needs of whatever runs its requests, and the records that cross that line.
 
-The handlers (:mod:`~radixkv.serve.handlers`) serve one engine on this process
+The handlers (:mod:`~radixkv.serve.openai.handlers`) serve one engine on this process
 (:mod:`~radixkv.serve.app`) and a fleet of engines on Ray Serve
 (:mod:`~radixkv.serve.ray.ingress`) alike, through an :class:`EngineClient`: it starts
 requests, each an :class:`EngineCall` whose outputs are :class:`RequestOutput` records;

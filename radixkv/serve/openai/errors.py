@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from radixkv.serve.protocol import FieldError, brief, decode_json
-from radixkv.serve.responses import error_body
+from radixkv.serve.openai.protocol import FieldError, brief, decode_json
+from radixkv.serve.openai.responses import error_body
 
 __all__ = ["ApiError", "as_api_error", "error_response", "install_error_handlers", "parse_body"]
 
@@ -60,7 +60,7 @@ def error_response(exc: ApiError) -> JSONResponse:
 def parse_body(model: type[M], raw: bytes) -> M:
     """The request body ``raw`` as ``model``, whatever its ``Content-Type`` (``curl -d``
     sends a form's): ``ApiError`` 400 for bytes that are not UTF-8 JSON
-    (:func:`~radixkv.serve.protocol.decode_json`) or a value ``model`` refuses, naming
+    (:func:`~radixkv.serve.openai.protocol.decode_json`) or a value ``model`` refuses, naming
     the field. Complexity: O(len(raw))."""
     if not raw.strip():
         raise ApiError(400, "the request body is missing: send a JSON object")

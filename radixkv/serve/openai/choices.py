@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixkv.serve.client import EngineCall, RequestOutput
-from radixkv.serve.responses import (
+from radixkv.serve.openai.client import EngineCall, RequestOutput
+from radixkv.serve.openai.responses import (
     TokenText,
     chat_choice,
     chat_logprobs,
