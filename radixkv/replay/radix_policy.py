@@ -7,11 +7,11 @@ are the cache's blocks and its prefix-closed eviction is the policy:
 (``radix-lru``, ``radix-level``, ``radix-lfu``, ``radix-fifo``,
 ``radix-priority``, ``radix-lrfu``, ``radix-deep``, ``radix-ghost``).
 
-With ``host_capacity > 0`` the tree gets a host-memory tier
+With ``host_capacity > 0`` the tree is a ``TieredRadixCache``, with a host-memory tier
 (``radixkv.cache.host.HostTier`` over a ``BlockAllocator(host_capacity, 1)``,
 write-back, LRU host order, a ``NullCopier``: bookkeeping only): a block the
 device evicts waits on the host, and a later request that matches it loads it
-back (``RadixCache.load``) instead of recomputing it.
+back (``TieredRadixCache.load``) instead of recomputing it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from radixkv.cache.host import HostTier, NullCopier
 from radixkv.cache.placement import place_prompt
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import CacheStats
+from radixkv.cache.tiered import TieredRadixCache
 from radixkv.checks import check_int
 from radixkv.replay.trace import Trace
 
@@ -57,12 +58,14 @@ class RadixReplayer:
         self.alloc = BlockAllocator(num_blocks=capacity, block_size=1)
         self.host_alloc: BlockAllocator | None = None
         self.copier: NullCopier | None = None
-        host = None
+        eviction = _EVICTION[policy]
         if host_capacity:
             self.host_alloc = BlockAllocator(num_blocks=host_capacity, block_size=1)
             self.copier = NullCopier()
             host = HostTier(self.host_alloc, self.copier, write_policy="write_back", eviction="lru")
-        self.cache = RadixCache(self.alloc, eviction=_EVICTION[policy], host=host)
+            self.cache: RadixCache = TieredRadixCache(self.alloc, eviction=eviction, host=host)
+        else:
+            self.cache = RadixCache(self.alloc, eviction=eviction)
 
     def step(self, seq: np.ndarray) -> int:
         """Serve one request (an int32 id array); return its device hit length in blocks.
@@ -166,7 +169,7 @@ def radix_replay_tiers(
         hit_blocks=hit_blocks,
         host_hit_blocks=host_hit_blocks,
         final_cache_blocks=final_cache_blocks,
-        final_host_blocks=cache.host_cached_blocks,
+        final_host_blocks=stats.host_blocks,
         unreachable=unreachable,
         stats=stats,
     )
