@@ -968,7 +968,7 @@ def engine_snapshot(finished: int) -> EngineMetrics:
 
 @pytest.mark.parametrize("prefix", ["radixkv", "vllm"])
 def test_the_handlers_record_a_fleet_s_requests_beside_its_replicas(prefix: str) -> None:
-    """The path the fleet's ingress takes (tests/test_serve_fleet.py runs it on Ray): the
+    """The path the fleet's ingress takes (tests/fleet/test_serve_fleet.py runs it on Ray): the
     handlers over a routed client record every choice in ``ServerMetrics.requests``, and
     ``render_fleet`` writes those histograms beside each replica's engine metrics."""
     metrics = ServerMetrics(MODEL, prefix, max_model_len=1024)

@@ -36,7 +36,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 START_S = 150.0  # Ray, Serve and two replicas on 2 busy cores
 STOP_S = 60.0
 # Serve waits up to 20 s (graceful_shutdown_timeout_s) for a replica's open requests: a
