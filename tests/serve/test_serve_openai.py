@@ -1125,6 +1125,7 @@ def test_cli_metrics_prefix_flag() -> None:
     assert b"--metrics-prefix" in done.stderr
 
 
+@pytest.mark.slow
 def test_cli_no_enable_prefix_caching_computes_every_prompt() -> None:
     """vLLM's ``--no-enable-prefix-caching`` (the baseline of an A/B run): a repeated prompt
     finds nothing cached; without the flag it does."""
@@ -1153,6 +1154,7 @@ def test_cli_no_enable_prefix_caching_computes_every_prompt() -> None:
     assert cached_twice()[1] > 0
 
 
+@pytest.mark.slow
 def test_cli_dtype_attention_backend_and_enforce_eager_reach_the_engine() -> None:
     """``--dtype bfloat16 --attention-backend padded --enforce-eager`` serve what
     ``build_engine`` builds with those settings: the same greedy tokens and logprobs,
