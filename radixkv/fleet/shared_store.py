@@ -35,7 +35,6 @@ docs/store.md, "Fleet: a shared store".
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple, Protocol
 
@@ -73,7 +72,9 @@ DEFAULT_STORE_LOAD_COST = 0.1
 DEFAULT_HOST_LOAD_COST = 0.02
 """A token loaded from a replica's own host tier costs this times ``prefill_per_token``."""
 PAYLOAD_BYTES = 8  # one simulated block's payload: the sim moves no K/V
-_SIM_MODEL_DIGEST = hashlib.sha256(b"radixkv/fleet-sim").hexdigest()
+# "the simulated model": SHA-256 of b"radixkv/fleet-sim" (a constant: hashing lives in
+# radixkv/cache/hashing.py alone)
+_SIM_MODEL_DIGEST = "e20c5b068804f13a776e092da30fe3e75cb1b8275e4b778777dad6c997939fd5"
 
 
 def sim_keyspace(block_size: int) -> StoreKeyspace:
