@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from test_fleet_sim import RoundRobin, run_cli, strict_json
 
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.hashing import ChainHasher
@@ -40,7 +41,6 @@ from radixkv.fleet.sim import (
     simulate,
 )
 from radixkv.fleet.workloads import group_sizes, grouped_prompts
-from tests.test_fleet_sim import RoundRobin, run_cli, strict_json
 
 A = 1e-3  # seconds per computed token
 FAST = ServiceModel(prefill_per_token=A, attention_per_key=0.0, decode_per_token=1e-3)
