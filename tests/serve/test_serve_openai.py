@@ -568,8 +568,7 @@ def templated(tmp_path_factory) -> Iterator[tuple[Server, ChatTokenizer]]:
     """A server whose model's chat template reads ``enable_thinking`` and ``greeting``
     (test_text's template, over the tiny GGUF vocabulary), and its tokenizer."""
     pytest.importorskip("gguf")
-    from test_text import VARIABLES_TEMPLATE
-    from test_tokenizer import train_reference, write_tokenizer_gguf
+    from text_helpers import VARIABLES_TEMPLATE, train_reference, write_tokenizer_gguf
 
     path = tmp_path_factory.mktemp("templated") / "tok.gguf"
     write_tokenizer_gguf(train_reference(), path, template=VARIABLES_TEMPLATE)

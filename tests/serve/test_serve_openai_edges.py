@@ -49,7 +49,7 @@ def ok(server: Server, path: str, body: dict) -> dict:
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory) -> Iterator[tuple[Server, object]]:
     """A server over a random model whose vocabulary is a trained byte-level BPE."""
-    from test_tokenizer import train_reference, write_tokenizer_gguf
+    from text_helpers import train_reference, write_tokenizer_gguf
 
     path = tmp_path_factory.mktemp("bpe") / "tok.gguf"
     write_tokenizer_gguf(train_reference(), path)

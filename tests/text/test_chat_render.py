@@ -36,7 +36,7 @@ START, END = "<|im_start|>", "<|im_end|>"
 def tok(tmp_path_factory) -> GGUFTokenizer:
     """The tiny trained vocabulary (ChatML specials) of test_tokenizer."""
     pytest.importorskip("gguf")
-    from test_tokenizer import train_reference, write_tokenizer_gguf
+    from text_helpers import train_reference, write_tokenizer_gguf
 
     path = tmp_path_factory.mktemp("render") / "tok.gguf"
     write_tokenizer_gguf(train_reference(), path)

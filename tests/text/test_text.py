@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_torch_free import run_blocked
+from text_helpers import VARIABLES_TEMPLATE
 
 from radixkv.text.stream import TextStream
 from radixkv.text.tokenizer import (
@@ -44,7 +45,7 @@ BYTES = ByteTokenizer()
 def tiny_gguf(tmp_path_factory) -> Path:
     """A GGUF file holding only a small trained BPE vocabulary and a ChatML template."""
     pytest.importorskip("gguf")
-    from test_tokenizer import train_reference, write_tokenizer_gguf
+    from text_helpers import train_reference, write_tokenizer_gguf
 
     path = tmp_path_factory.mktemp("text") / "tok.gguf"
     write_tokenizer_gguf(train_reference(), path)
@@ -159,24 +160,13 @@ def test_extend_chat_refuses_a_template_that_rewrites_earlier_turns() -> None:
 # ------------------------------------------------------------------ template variables
 # Qwen3's switch (an empty thinking block when thinking is off), a custom variable and
 # gpt-oss's reasoning_effort (which chat's field of that name sets)
-VARIABLES_TEMPLATE = (
-    "{% if greeting is defined %}{{ '<|im_start|>system\n' + greeting + '<|im_end|>\n' }}"
-    "{% endif %}"
-    "{% if reasoning_effort is defined %}"
-    "{{ '<|im_start|>system\nReasoning: ' + reasoning_effort + '<|im_end|>\n' }}{% endif %}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}"
-    "{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
 def variables_tokenizer(tmp_path_factory) -> ChatTokenizer:
     """The tiny GGUF vocabulary with :data:`VARIABLES_TEMPLATE` as its chat template."""
     pytest.importorskip("gguf")
-    from test_tokenizer import train_reference, write_tokenizer_gguf
+    from text_helpers import train_reference, write_tokenizer_gguf
 
     path = tmp_path_factory.mktemp("text") / "vars.gguf"
     write_tokenizer_gguf(train_reference(), path, template=VARIABLES_TEMPLATE)
