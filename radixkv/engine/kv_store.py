@@ -27,6 +27,7 @@ from radixkv.model.kvpool import KVPool
 
 __all__ = [
     "MOONCAKE_SCHEME",
+    "KVStoreOpenError",
     "check_kv_store_spec",
     "open_kv_store",
     "store_keyspace",
@@ -36,6 +37,11 @@ __all__ = [
 MOONCAKE_SCHEME = "mooncake://"
 """``kv_store`` values that start with this name a Mooncake master (``mooncake://HOST:PORT``);
 any other value is a directory."""
+
+
+class KVStoreOpenError(ValueError):
+    """The store ``kv_store`` names cannot be opened (a directory this process cannot write,
+    a master that does not answer): a ``ValueError`` a caller can tell from the others."""
 
 
 def check_kv_store_spec(spec: object) -> str:
@@ -58,8 +64,9 @@ def open_kv_store(spec: str, capacity_bytes: int) -> KVStore:
     ``mooncake://HOST:PORT`` (lending the pool ``capacity_bytes`` of memory), else a
     :class:`~radixkv.cache.store.LocalDiskStore` in the directory ``spec`` (made if missing).
 
-    ``ValueError`` starting ``kv_store ...`` for a bad spec, a directory this process cannot
-    write or a master that does not answer (one line, the store's reason in it);
+    ``ValueError`` naming ``kv_store`` for a bad spec; :class:`KVStoreOpenError` (a
+    ``ValueError``) starting ``kv_store ...`` for a directory this process cannot write or a
+    master that does not answer (one line, the store's reason in it);
     ``ImportError`` naming the package for ``mooncake://`` without Mooncake's client.
     Complexity: a directory's start-up scan (O(files)), or one client joining the pool.
     """
@@ -69,7 +76,7 @@ def open_kv_store(spec: str, capacity_bytes: int) -> KVStore:
             return MooncakeStore(spec[len(MOONCAKE_SCHEME) :], capacity_bytes)
         return LocalDiskStore(spec, capacity_bytes)
     except ValueError as exc:
-        raise ValueError(f"kv_store {spec!r}: {exc}") from None
+        raise KVStoreOpenError(f"kv_store {spec!r}: {exc}") from None
 
 
 def store_tier(model: Decoder, host_pool: KVPool, store: KVStore, write_policy: str) -> StoreTier:
