@@ -527,10 +527,6 @@ def _run_fleet(args: argparse.Namespace) -> int:
     problem = _model_options_problem(args)
     if problem is not None:
         return fail(PROG, problem)
-    try:
-        from radixkv.serve.ray.fleet import serve_fleet
-    except ImportError as exc:
-        return fail(PROG, f"a fleet needs Ray Serve ({exc}); pip install 'radixkv[fleet]'")
     if args.kv_store is not None and not args.kv_store.startswith("mooncake://"):
         # Each replica opens the directory; a bad one is found here, once, before Ray starts.
         from radixkv.engine.engine import DEFAULT_KV_STORE_BYTES
@@ -540,6 +536,10 @@ def _run_fleet(args: argparse.Namespace) -> int:
             open_kv_store(args.kv_store, args.kv_store_capacity or DEFAULT_KV_STORE_BYTES)
         except ValueError as exc:
             return fail(PROG, f"--kv-store: {exc}")
+    try:
+        from radixkv.serve.ray.fleet import serve_fleet
+    except ImportError as exc:
+        return fail(PROG, f"a fleet needs Ray Serve ({exc}); pip install 'radixkv[fleet]'")
     try:
         stopped_by = serve_fleet(
             args.model,
