@@ -129,3 +129,20 @@ def test_serve_passes_the_store_flags_to_the_engine(monkeypatch, tmp_path) -> No
     assert settings["kv_store"] == str(tmp_path)
     assert settings["kv_store_capacity_bytes"] == 123456
     assert settings["kv_store_write_policy"] == "write_back"
+
+
+def test_the_host_tier_a_store_adds_counts_against_the_memory(capsys, monkeypatch, tmp_path):
+    """--kv-store adds a host tier as large as the pool: the memory check counts it."""
+    import radixkv.serve.cli as serve_cli
+    from radixkv.model.kvpool import KVPool
+    from radixkv.model.loading import RANDOM_CONFIG as c
+
+    if torch.cuda.is_available():
+        pytest.skip("the device pool is on the GPU: the two pools do not share the memory")
+    per_block = KVPool.block_bytes(c.num_layers, 16, c.num_kv_heads, c.head_dim, torch.float32)
+    monkeypatch.setattr(serve_cli, "_available_memory", lambda device: 1500 * per_block)
+    argv = [*SERVE, "--num-blocks", "1000", "--kv-store", str(tmp_path / "store")]
+    assert exit_code(argv) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("radixkv serve: error: --num-blocks 1000 (") and err.count("\n") == 1
+    assert "the host tier of --kv-store (" in err and "together" in err
