@@ -33,7 +33,10 @@ from radixkv.cache.host import WRITE_POLICIES, HostTier
 from radixkv.cache.manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.cache.null import NullCache
 from radixkv.cache.prefix_cache import PrefixCache
+from radixkv.cache.store.protocol import KVStore
+from radixkv.cache.store.tier import STORE_WRITE_POLICIES, StoreTier
 from radixkv.checks import check_bool, check_int
+from radixkv.engine.kv_store import check_kv_store_spec, open_kv_store, store_tier
 from radixkv.engine.model_runner import (
     EagerRunner,
     GraphRunner,
@@ -66,6 +69,7 @@ from radixkv.model.kv_copy import KVCopier
 from radixkv.model.kvpool import KVPool
 
 __all__ = [
+    "DEFAULT_KV_STORE_BYTES",
     "MAX_PROMPT_LOGPROB_ELEMENTS",
     "Completion",
     "Engine",
@@ -73,6 +77,9 @@ __all__ = [
     "TokenObserver",
     "build_forward_batch",
 ]
+
+DEFAULT_KV_STORE_BYTES = 4 << 30
+"""``EngineConfig.kv_store_capacity_bytes`` unless told: 4 GiB of entries."""
 
 MAX_PROMPT_LOGPROB_ELEMENTS = 1 << 28
 """Most logits (prompt tokens x vocabulary) :meth:`Engine.score_prompt` computes: the prompt
@@ -103,9 +110,25 @@ class EngineConfig:
       this and their arrival order in the engine, so a fresh engine repeats
       its outputs whatever ran before in the process.
     - ``host_kv_blocks``: blocks of a host-memory tier (``radixkv.cache.host``;
-      a CPU ``KVPool`` of the same layout); 0 (the default) for none. Needs
-      ``cache="radix"``. ``host_write_policy`` is its write policy
-      (``"write_back"`` or ``"write_through"``, with ``host_write_through_hits``).
+      a CPU ``KVPool`` of the same layout); 0 (the default) for none, or with a
+      ``kv_store`` as many as the device pool. Needs ``cache="radix"``.
+      ``host_write_policy`` is its write policy (``"write_back"`` or
+      ``"write_through"``, after ``host_write_through_hits`` hits); None (the
+      default) is ``"write_back"`` after 2 hits, or with a ``kv_store``
+      ``"write_through"`` after 0: every block the cache keeps is copied to the host
+      (and so reaches the store) as it is cached (:meth:`host_write`).
+    - ``kv_store``: a KV store below the host tier (docs/store.md), shared with a
+      restart and with any other server that opens it: a directory
+      (``LocalDiskStore``, made if missing) or ``"mooncake://HOST:PORT"`` (a
+      ``MooncakeStore`` over that master); None (the default) for none. It holds at
+      most ``kv_store_capacity_bytes`` of entries (a Mooncake client lends the pool
+      as much memory). ``kv_store_write_policy``: ``"write_through"`` (the default)
+      puts each block in the store when the host gets a copy; ``"write_back"`` only
+      when host eviction drops it. A store that is down, slow, full or corrupt never
+      fails a request: its blocks are recomputed (``Engine.tier_stats`` counts it).
+      The store is opened when the engine is built: ``ValueError`` naming
+      ``kv_store`` for a directory this process cannot write or a master that does
+      not answer.
     - ``poison_freed_kv``: a debug mode: device blocks the cache frees are
       filled with NaN (``radixkv.model.kv_copy.KVCopier``), so a copy or read
       after a free shows up as a wrong output. Needs a host tier.
@@ -137,8 +160,11 @@ class EngineConfig:
     device: str | torch.device | None = None
     seed: int = 0
     host_kv_blocks: int = 0
-    host_write_policy: str = "write_back"
-    host_write_through_hits: int = 2
+    host_write_policy: str | None = None
+    host_write_through_hits: int | None = None
+    kv_store: str | None = None
+    kv_store_capacity_bytes: int = DEFAULT_KV_STORE_BYTES
+    kv_store_write_policy: str = "write_through"
     poison_freed_kv: bool = False
     cuda_graphs: bool = True
     cuda_graph_max_context: int = 4096
@@ -155,7 +181,7 @@ class EngineConfig:
             ("cuda_graph_max_context", 1),
             ("seed", 0),
             ("host_kv_blocks", 0),
-            ("host_write_through_hits", 0),
+            ("kv_store_capacity_bytes", 1),
         )
         for name, low in ints:  # stored as plain ints (a numpy int passes the check)
             object.__setattr__(self, name, check_int(name, getattr(self, name), low=low))
@@ -163,6 +189,9 @@ class EngineConfig:
         object.__setattr__(self, "num_blocks", num_blocks)
         max_model_len = check_int("max_model_len", self.max_model_len, low=1, optional=True)
         object.__setattr__(self, "max_model_len", max_model_len)
+        hits = check_int("host_write_through_hits", self.host_write_through_hits, low=0,
+                         optional=True)  # fmt: skip
+        object.__setattr__(self, "host_write_through_hits", hits)
         for name in ("poison_freed_kv", "cuda_graphs", "prompt_score_cache"):
             object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.cache not in CACHE_KINDS:
@@ -180,17 +209,44 @@ class EngineConfig:
             raise ValueError(f"eviction must be one of {names}, got {self.eviction!r}")
         if self.device is not None:
             _check_device(self.device)
-        if self.host_kv_blocks and self.cache != "radix":
+        if self.kv_store is not None:
+            check_kv_store_spec(self.kv_store)
+        for name in ("host_kv_blocks", "kv_store"):
+            if getattr(self, name) and self.cache != "radix":
+                raise ValueError(
+                    f"{name} needs cache='radix', got cache={self.cache!r} "
+                    f"with {name}={getattr(self, name)!r}"
+                )
+        if self.host_write_policy is not None and self.host_write_policy not in WRITE_POLICIES:
             raise ValueError(
-                f"host_kv_blocks needs cache='radix', got cache={self.cache!r} "
-                f"with host_kv_blocks={self.host_kv_blocks}"
+                f"host_write_policy must be one of {WRITE_POLICIES} or None, got "
+                f"{self.host_write_policy!r}"
             )
-        if self.host_write_policy not in WRITE_POLICIES:
+        if self.kv_store_write_policy not in STORE_WRITE_POLICIES:
             raise ValueError(
-                f"host_write_policy must be one of {WRITE_POLICIES}, got {self.host_write_policy!r}"
+                f"kv_store_write_policy must be one of {STORE_WRITE_POLICIES}, got "
+                f"{self.kv_store_write_policy!r}"
             )
-        if self.poison_freed_kv and not self.host_kv_blocks:
-            raise ValueError("poison_freed_kv needs a host tier (host_kv_blocks > 0)")
+        if self.poison_freed_kv and not (self.host_kv_blocks or self.kv_store):
+            raise ValueError("poison_freed_kv needs a host tier (host_kv_blocks > 0 or a kv_store)")
+
+    def host_write(self) -> tuple[str, int]:
+        """The host tier's write policy and its hits: ``host_write_policy`` and
+        ``host_write_through_hits`` where set, else ``("write_through", 0)`` with a
+        ``kv_store`` (each cached block reaches the store as it is cached, so a restart or
+        another server finds it) and ``("write_back", 2)`` without one."""
+        store = self.kv_store is not None
+        policy = self.host_write_policy or ("write_through" if store else "write_back")
+        hits = self.host_write_through_hits
+        return policy, (0 if store else 2) if hits is None else hits
+
+    def host_blocks(self, model: torch.nn.Module) -> int:
+        """The blocks of the host tier an engine over ``model`` gets: ``host_kv_blocks``,
+        or with a ``kv_store`` and none asked for, the device pool's (:meth:`pool_blocks`);
+        0 for none. Allocates nothing."""
+        if self.host_kv_blocks or self.kv_store is None:
+            return self.host_kv_blocks
+        return self.pool_blocks(model)
 
     def pool_blocks(self, model: torch.nn.Module) -> int:
         """The blocks of the KV pool an engine over ``model`` gets: ``num_blocks``, else as
@@ -281,10 +337,10 @@ class Engine:
         events: ChainHasher | None = None,
     ) -> None:
         self.config = cfg = config or EngineConfig()
-        if cache_factory is not None and (cfg.host_kv_blocks or events is not None):
+        if cache_factory is not None and (cfg.host_kv_blocks or cfg.kv_store or events is not None):
             raise ValueError(
-                "cache_factory builds its own cache: pass host_kv_blocks=0 and events=None "
-                "(or build the host tier and events into the factory's cache)"
+                "cache_factory builds its own cache: pass host_kv_blocks=0, kv_store=None and "
+                "events=None (or build the host tier, store and events into the factory's cache)"
             )
         self.model = model
         self.tokenizer = tokenizer
@@ -298,11 +354,18 @@ class Engine:
         self.max_model_len: int = cfg.max_model_len or pool_tokens
         """The most tokens a request may have, its prompt plus ``max_new_tokens``: at most
         what the pool holds (see :class:`EngineConfig`)."""
+        # Opened before any pool is allocated: a store that cannot open costs nothing else.
+        self.kv_store: KVStore | None = None
+        """The KV store below the host tier (``config.kv_store``), None without one."""
+        if cfg.kv_store is not None:
+            self.kv_store = open_kv_store(cfg.kv_store, cfg.kv_store_capacity_bytes)
         self.kv_pool: KVPool = model.make_kv_pool(
             num_blocks, cfg.block_size, dtype=cfg.kv_dtype, device=cfg.device
         )
         allocator = BlockAllocator(num_blocks, cfg.block_size)
         self.host_kv_pool: KVPool | None = None
+        self.store_tier: StoreTier | None = None
+        """The cache's side of ``kv_store`` (its keys, write policy and stats), None without one."""
         if cache_factory is not None:
             cache = cache_factory(allocator)
             cache = NullCache(allocator) if cache is None else cache
@@ -355,24 +418,38 @@ class Engine:
         )
 
     def _host_tier(self) -> HostTier | None:
-        """The host tier ``config`` asks for (its pool in ``self.host_kv_pool``), or None."""
+        """The host tier ``config`` asks for (its pool in ``self.host_kv_pool``) with the store
+        below it (``self.store_tier``), or None."""
         cfg = self.config
-        if not cfg.host_kv_blocks:
+        num_blocks = cfg.host_blocks(self.model)
+        if not num_blocks:
             return None
-        self.host_kv_pool = self.model.make_kv_pool(
-            cfg.host_kv_blocks, cfg.block_size, dtype=self.kv_pool.dtype, device="cpu"
+        self.host_kv_pool = host = self.model.make_kv_pool(
+            num_blocks, cfg.block_size, dtype=self.kv_pool.dtype, device="cpu"
         )
+        if self.kv_store is not None:  # the model's digest: ~1 s a 135M-parameter model
+            self.store_tier = store_tier(self.model, host, self.kv_store, cfg.kv_store_write_policy)
+        policy, hits = cfg.host_write()
         return HostTier(
-            BlockAllocator(cfg.host_kv_blocks, cfg.block_size),
-            KVCopier(self.kv_pool, self.host_kv_pool, poison=cfg.poison_freed_kv),
-            cfg.host_write_policy,
-            cfg.host_write_through_hits,
+            BlockAllocator(num_blocks, cfg.block_size),
+            KVCopier(self.kv_pool, host, poison=cfg.poison_freed_kv),
+            policy,
+            hits,
+            store=self.store_tier,
         )
 
     def tier_stats(self) -> TierStats:
-        """Where the cache's hits came from and what moved between the tiers, since start."""
+        """Where the cache's hits came from and what moved between the tiers (the store's
+        included), since start."""
         bytes_per_block = self.kv_pool.bytes_per_block
-        return TierStats.of(self.cache.stats, self.config.block_size, bytes_per_block)
+        tier, store = self.store_tier, self.kv_store
+        return TierStats.of(
+            self.cache.stats,
+            self.config.block_size,
+            bytes_per_block,
+            None if tier is None else tier.stats,
+            None if store is None else store.stats,
+        )
 
     @property
     def kv(self) -> KVPool:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from radixkv.cache.results import CacheStats
+from radixkv.cache.store.protocol import StoreStats
+from radixkv.cache.store.tier import StoreTierStats
 from radixkv.engine.request import RequestStats
 
 __all__ = ["EngineStats", "TierStats"]
@@ -77,6 +79,15 @@ class TierStats:
     ``loaded_tokens`` / ``loaded_bytes`` moved host to device; ``backed_up_*``
     device to host; ``skipped_backup_blocks`` left the device with no host copy
     (no host space). Zeros without a host tier, but for the device hits.
+
+    The KV store below the host (``has_store``; zeros without one), in blocks:
+    ``store_loaded_*`` read from the store into the host pool, in
+    ``store_load_seconds``; ``store_stored_*`` written to it, in
+    ``store_store_seconds``; ``store_load_misses`` loads cut short by a block the
+    store no longer gave; ``store_corrupt_blocks`` entries refused as unsound (the
+    store's checksum or the tier's size check: recomputed, never served);
+    ``store_errors`` store or codec calls that failed (answered as misses or skipped
+    writes); ``store_used_bytes`` / ``store_entries`` what this process's store holds.
     """
 
     device_hit_tokens: int
@@ -87,11 +98,49 @@ class TierStats:
     backed_up_bytes: int
     skipped_backup_blocks: int
     host_blocks: int
+    has_store: bool = False
+    store_loaded_blocks: int = 0
+    store_loaded_bytes: int = 0
+    store_load_seconds: float = 0.0
+    store_load_misses: int = 0
+    store_stored_blocks: int = 0
+    store_stored_bytes: int = 0
+    store_store_seconds: float = 0.0
+    store_corrupt_blocks: int = 0
+    store_errors: int = 0
+    store_used_bytes: int = 0
+    store_entries: int = 0
 
     @classmethod
-    def of(cls, stats: CacheStats, block_size: int, bytes_per_block: int) -> TierStats:
+    def of(
+        cls,
+        stats: CacheStats,
+        block_size: int,
+        bytes_per_block: int,
+        tier: StoreTierStats | None = None,
+        store: StoreStats | None = None,
+    ) -> TierStats:
         """``stats`` in tokens and bytes, for a pool of ``block_size``-token blocks of
-        ``bytes_per_block`` bytes each. O(1)."""
+        ``bytes_per_block`` bytes each; with the store tier's ``tier`` and its store's
+        ``store`` counters when there is one (both or neither). O(1)."""
+        kept: dict[str, bool | int | float] = {}
+        if tier is not None and store is not None:
+            kept = {
+                "has_store": True,
+                "store_loaded_blocks": tier.loaded_blocks,
+                "store_loaded_bytes": tier.loaded_bytes,
+                "store_load_seconds": tier.load_seconds,
+                "store_load_misses": tier.load_misses,
+                "store_stored_blocks": tier.stored_blocks,
+                "store_stored_bytes": tier.stored_bytes,
+                "store_store_seconds": tier.store_seconds,
+                # the store refuses a bad entry (checksum), the tier a bad payload (size)
+                "store_corrupt_blocks": store.corrupt + tier.corrupt_blocks,
+                # the store answers its own faults as misses; the tier counts calls that raised
+                "store_errors": store.errors + tier.errors,
+                "store_used_bytes": store.used_bytes,
+                "store_entries": store.num_entries,
+            }
         return cls(
             device_hit_tokens=stats.hit_tokens,
             host_hit_tokens=stats.host_hit_tokens,
@@ -101,4 +150,5 @@ class TierStats:
             backed_up_bytes=stats.backed_up_blocks * bytes_per_block,
             skipped_backup_blocks=stats.skipped_backup_blocks,
             host_blocks=stats.host_blocks,
+            **kept,
         )

@@ -112,7 +112,7 @@ def build_app(
     body_limit = max_body_bytes
     metrics = ServerMetrics(model_name, metrics_prefix, max_model_len or client.max_model_len)
     api = OpenAIHandlers(client, model_name, context_len=max_model_len, metrics=metrics.requests)
-    has_host_tier = engine.engine.config.host_kv_blocks > 0
+    has_host_tier = engine.engine.host_kv_pool is not None  # asked for, or under a kv_store
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

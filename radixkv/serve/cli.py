@@ -14,6 +14,12 @@ advertises. ``--port 0`` takes a free port
 with ``finish_reason`` ``"abort"``, new ones get a 503, and the process exits once
 their connections close (0 after SIGINT; SIGTERM's own status, 143, after SIGTERM).
 
+``--kv-store PATH|mooncake://HOST:PORT`` puts a KV store below the host tier (a host tier
+as large as the pool unless ``--host-kv-blocks`` sizes it; docs/store.md): what one server
+computes, a restart of it loads; with ``--replicas N`` every replica opens the same store,
+so one replica's blocks serve another's hits. A directory it cannot write or a master that
+does not answer exits 2 with one line.
+
 ``--kv-events ENDPOINT[,REPLAY_ENDPOINT]`` publishes the radix cache's KV events as vLLM
 does (ZMQ PUB on ``ENDPOINT``, replay on a ROUTER at ``REPLAY_ENDPOINT``;
 :class:`~radixkv.fleet.transport.EventPublisher`, needs pyzmq), so a router built for
@@ -105,6 +111,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="blocks of a host-memory KV tier: evicted prefixes wait in CPU memory and "
         "reload instead of recomputing (default: 0, none; one server, not a fleet)",
     )
+    p.add_argument(
+        "--kv-store",
+        default=None,
+        metavar="PATH|mooncake://HOST:PORT",
+        help="a KV store below the host tier: a directory (made if missing) or a Mooncake "
+        "master; blocks computed here go to it and a restart, or any replica or server "
+        "that opens the same store, loads them instead of recomputing. Adds a host tier "
+        "as large as the KV pool unless --host-kv-blocks sizes one (default: none)",
+    )
+    p.add_argument(
+        "--kv-store-capacity",
+        type=positive_int,
+        default=None,
+        metavar="BYTES",
+        help="most bytes of entries the KV store keeps, least recently used out first (a "
+        "Mooncake client lends the pool as much memory; default: 4294967296, 4 GiB)",
+    )
+    p.add_argument(
+        "--kv-store-write-policy",
+        choices=("write_through", "write_back"),
+        default=None,
+        help="write_through (default): a block goes to the store when the host tier copies "
+        "it, as it is cached; write_back: only when host eviction drops it",
+    )
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="engine and weight seed")
     p.add_argument(
         "--special-tokens-in-content",
@@ -192,6 +222,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from radixkv.engine.kv_store import KVStoreOpenError
         from radixkv.model.loading import load_model
         from radixkv.serve.app import build_app
         from radixkv.serve.async_engine import AsyncEngine
@@ -208,8 +239,18 @@ def run_serve(args: argparse.Namespace) -> int:
     problem = _model_options_problem(args)
     if problem is not None:
         return fail(PROG, problem)
-    if not args.enable_prefix_caching and (args.kv_events is not None or args.host_kv_blocks):
-        flag = "--kv-events" if args.kv_events is not None else "--host-kv-blocks"
+    if problem := _store_flags_problem(args):
+        return fail(PROG, problem)
+    if not args.enable_prefix_caching and (
+        args.kv_events is not None or args.host_kv_blocks or args.kv_store is not None
+    ):
+        flag = (
+            "--kv-events"
+            if args.kv_events is not None
+            else "--host-kv-blocks"
+            if args.host_kv_blocks
+            else "--kv-store"
+        )
         return fail(PROG, f"{flag} needs the prefix cache: drop --no-enable-prefix-caching")
     endpoints = None
     if args.kv_events is not None:
@@ -242,6 +283,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "prefix_caching": args.enable_prefix_caching,
         "cuda_graphs": not args.enforce_eager,
         "max_model_len": args.max_model_len,
+        **_store_settings(args),
     }
     try:
         config = engine_config(**settings)
@@ -278,6 +320,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem is None:
         try:
             engine = build_engine((model, tokenizer), events=endpoints is not None, **settings)
+        except (KVStoreOpenError, ImportError) as exc:  # Mooncake's client is not installed
+            problem = f"--kv-store: {exc}"
         except ValueError as exc:  # the engine refuses a max_model_len its pool cannot hold
             problem = f"--max-model-len: {exc}; lower it or raise --num-blocks"
         except (MemoryError, RuntimeError) as exc:  # torch's allocation failure, past the check
@@ -359,11 +403,14 @@ def _kv_memory_problem(
     else:
         num_blocks = config.kv_memory_bytes // per_block
         asks = [("the default --num-blocks", num_blocks * per_block, device)]
-    if args.host_kv_blocks:
-        cpu = torch.device("cpu")
-        asks.append(
-            (f"--host-kv-blocks {args.host_kv_blocks}", args.host_kv_blocks * per_block, cpu)
+    host_blocks = config.host_blocks(model)
+    if host_blocks:
+        flag = (
+            f"--host-kv-blocks {args.host_kv_blocks}"
+            if args.host_kv_blocks
+            else "the host tier of --kv-store"
         )
+        asks.append((flag, host_blocks * per_block, torch.device("cpu")))
     for where in dict.fromkeys(d for _, _, d in asks):
         free = _available_memory(where)
         mine = [(flag, n) for flag, n, d in asks if d == where]
@@ -423,9 +470,37 @@ def _bytes(n: int) -> str:
     return f"{n} bytes" if units[0] == "bytes" else f"{size:.1f} {units[0]}"
 
 
+def _store_flags_problem(args: argparse.Namespace) -> str | None:
+    """Why the ``--kv-store*`` flags do not go together (one line naming a flag), else None;
+    opens nothing."""
+    if args.kv_store is None:
+        for flag in ("kv_store_capacity", "kv_store_write_policy"):
+            if getattr(args, flag) is not None:
+                return f"--{flag.replace('_', '-')} needs --kv-store"
+        return None
+    from radixkv.engine.kv_store import check_kv_store_spec
+
+    try:
+        check_kv_store_spec(args.kv_store)
+    except ValueError as exc:
+        return f"--kv-store: {exc}"
+    return None
+
+
+def _store_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--kv-store*`` flags as ``engine_config``/``build_engine`` keywords."""
+    return {
+        "kv_store": args.kv_store,
+        "kv_store_capacity_bytes": args.kv_store_capacity,
+        "kv_store_write_policy": args.kv_store_write_policy,
+    }
+
+
 def _run_fleet(args: argparse.Namespace) -> int:
     if args.router is None:
         return fail(PROG, "--replicas > 1 needs --router NAME")
+    if problem := _store_flags_problem(args):
+        return fail(PROG, problem)
     if args.host_kv_blocks:
         return fail(PROG, "--host-kv-blocks is for one server; a fleet's replicas have none yet")
     if args.max_model_len is not None:
@@ -452,6 +527,15 @@ def _run_fleet(args: argparse.Namespace) -> int:
     problem = _model_options_problem(args)
     if problem is not None:
         return fail(PROG, problem)
+    if args.kv_store is not None and not args.kv_store.startswith("mooncake://"):
+        # Each replica opens the directory; a bad one is found here, once, before Ray starts.
+        from radixkv.engine.engine import DEFAULT_KV_STORE_BYTES
+        from radixkv.engine.kv_store import open_kv_store
+
+        try:
+            open_kv_store(args.kv_store, args.kv_store_capacity or DEFAULT_KV_STORE_BYTES)
+        except ValueError as exc:
+            return fail(PROG, f"--kv-store: {exc}")
     try:
         from radixkv.serve.ray.fleet import serve_fleet
     except ImportError as exc:
@@ -474,6 +558,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
             cuda_graphs=not args.enforce_eager,
             enable_cache_reset=args.enable_cache_reset,
             enable_router_view=args.enable_router_view,
+            **_store_settings(args),
         )
     except ValueError as exc:
         return fail(PROG, exc)

@@ -61,14 +61,24 @@ def engine_config(
     prefix_caching: bool = True,
     cuda_graphs: bool = True,
     max_model_len: int | None = None,
+    kv_store: str | None = None,
+    kv_store_capacity_bytes: int | None = None,
+    kv_store_write_policy: str | None = None,
 ) -> EngineConfig:
     """The :class:`~radixkv.engine.EngineConfig` a served engine runs with (a radix cache,
     or none when not ``prefix_caching``: every prompt computed in full, vLLM's
     ``--no-enable-prefix-caching``; ``num_blocks`` None sizes the pool from the default KV
     memory; ``cuda_graphs`` False runs every decode step eagerly, vLLM's
-    ``--enforce-eager``; ``max_model_len`` None: all the pool holds). What
+    ``--enforce-eager``; ``max_model_len`` None: all the pool holds; ``kv_store`` a KV store
+    below the host tier, a directory or ``mooncake://HOST:PORT``, with its capacity and write
+    policy, None each: :class:`~radixkv.engine.EngineConfig`'s defaults). What
     :func:`build_engine` builds over, so a caller can check the pool before building
     (``radixkv serve`` checks it fits in memory). ``ValueError`` naming a bad setting."""
+    store: dict[str, object] = {"kv_store": kv_store}
+    if kv_store_capacity_bytes is not None:
+        store["kv_store_capacity_bytes"] = kv_store_capacity_bytes
+    if kv_store_write_policy is not None:
+        store["kv_store_write_policy"] = kv_store_write_policy
     return EngineConfig(
         block_size=block_size,
         num_blocks=num_blocks,
@@ -78,6 +88,7 @@ def engine_config(
         cache="radix" if check_bool("prefix_caching", prefix_caching) else None,
         cuda_graphs=cuda_graphs,
         max_model_len=max_model_len,
+        **store,  # type: ignore[arg-type]
     )
 
 
@@ -109,6 +120,9 @@ def build_engine(
     dtype: str = "auto",
     attention_backend: str | None = None,
     max_model_len: int | None = None,
+    kv_store: str | None = None,
+    kv_store_capacity_bytes: int | None = None,
+    kv_store_write_policy: str | None = None,
 ) -> Engine:
     """An :class:`~radixkv.engine.Engine` over the model ``spec`` names, with its tokenizer
     set (``engine.tokenizer``) and a radix cache, configured by :func:`engine_config`.
@@ -122,7 +136,10 @@ def build_engine(
     (``event_hasher(hash_seed)``: None is vLLM's seed rule in this process; a fleet passes
     every replica one seed, so they name a block alike);
     ``engine.cache.take_events()`` returns them. ``host_kv_blocks`` > 0 adds a
-    host-memory tier of that many blocks; ``prefix_caching=False`` caches nothing.
+    host-memory tier of that many blocks; ``prefix_caching=False`` caches nothing;
+    ``kv_store`` (with ``kv_store_capacity_bytes`` and ``kv_store_write_policy``) puts a KV
+    store below the host tier (opened here: ``ValueError`` naming ``kv_store`` if it
+    cannot be).
     ``max_model_len`` (the most tokens a request may have) None: for a ``spec`` string,
     :func:`default_max_model_len` of its context length; for a pair, all the pool holds;
     more than the pool holds is a ``ValueError``, before the pool is allocated. The
@@ -139,6 +156,9 @@ def build_engine(
         prefix_caching=prefix_caching,
         cuda_graphs=cuda_graphs,
         max_model_len=max_model_len,
+        kv_store=kv_store,
+        kv_store_capacity_bytes=kv_store_capacity_bytes,
+        kv_store_write_policy=kv_store_write_policy,
     )
     if isinstance(spec, str):
         decoder, tokenizer = load_model(

@@ -23,6 +23,7 @@ or tenants apart.
 
 from __future__ import annotations
 
+import logging
 import struct
 
 import xxhash
@@ -30,6 +31,7 @@ import xxhash
 from radixkv.cache.store.keys import KEY_BYTES
 
 __all__ = [
+    "log_corrupt",
     "HEADER_BYTES",
     "MAGIC",
     "VERSION",
@@ -38,6 +40,8 @@ __all__ = [
     "encode",
     "encode_header",
 ]
+
+logger = logging.getLogger(__name__)
 
 MAGIC = b"RKVB"
 VERSION = 1
@@ -94,3 +98,15 @@ def decode_parts(key: bytes, header: bytes, payload: Buffer) -> bytes | None:
     if _checksum(head, payload) != header[_HEAD.size :]:
         return None
     return payload if type(payload) is bytes else memoryview(payload).tobytes()
+
+
+def log_corrupt(store: str, num_corrupt: int) -> None:
+    """Log that ``store`` (a backend, named for a person) refused an unsound entry, its
+    ``num_corrupt``-th: the first, then at every power of two. The caller counts."""
+    if num_corrupt & (num_corrupt - 1) == 0:
+        logger.warning(
+            "kv store %s: an entry failed its check (bit rot, a torn write or a foreign "
+            "value); dropped and served as a miss, the engine recomputes (%d so far)",
+            store,
+            num_corrupt,
+        )

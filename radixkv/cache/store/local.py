@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header
+from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header, log_corrupt
 from radixkv.cache.store.keys import KEY_BYTES, check_items, check_keys
 from radixkv.cache.store.lru import LruIndex
 from radixkv.cache.store.protocol import StoreStats
@@ -150,6 +150,7 @@ class LocalDiskStore:
                 size = len(header) + len(payload)
                 if value is None:
                     stats.corrupt += 1
+                    log_corrupt(str(self.path), stats.corrupt)
                     index.remove(key)
                     self._unlink(path)
                 else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header
+from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header, log_corrupt
 from radixkv.cache.store.keys import check_items, check_keys
 from radixkv.cache.store.lru import LruIndex
 from radixkv.cache.store.protocol import StoreStats
@@ -86,6 +86,7 @@ class MemoryStore:
                 stats.misses += 1
             elif value is None:
                 stats.corrupt += 1
+                log_corrupt("in memory", stats.corrupt)
                 del self._data[key]
                 self._index.remove(key)
             else:

@@ -51,7 +51,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode
+from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode, log_corrupt
 from radixkv.cache.store.keys import check_items, check_keys
 from radixkv.cache.store.lru import LruIndex
 from radixkv.cache.store.protocol import StoreStats
@@ -421,6 +421,7 @@ class MooncakeStore:
                 value = decode_parts(key, view[:HEADER_BYTES].tobytes(), view[HEADER_BYTES:])
                 if value is None:
                     stats.corrupt += 1
+                    log_corrupt("mooncake {}:{}".format(*self._conn.master), stats.corrupt)
                     index.remove(key)
                     bad.append(key)
                     continue

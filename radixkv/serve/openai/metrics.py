@@ -43,11 +43,14 @@ name                                        type       meaning
 ``p:request_params_n``                      histogram  ``n`` per request
 ``p:request_params_max_tokens``             histogram  ``max_tokens`` per request
 ``p:host_cache_*``                          counters   the host tier, where one exists
+``p:kv_store_*``                            counters   the KV store below the host tier,
+                                                       where one exists (and two gauges)
 ==========================================  =========  =====================================
 
 The gauges and counters come from the engine thread's snapshot
 (:class:`~radixkv.serve.openai.client.EngineMetrics`; in a fleet, every answering replica's)
-and the host tier's :class:`~radixkv.engine.stats.TierStats` at scrape time; the
+and the host tier's and the KV store's :class:`~radixkv.engine.stats.TierStats` at
+scrape time (one server's: a fleet's ingress reports neither); the
 histograms and ``request_success`` are recorded by the request handlers
 (:class:`~radixkv.serve.openai.handlers.OpenAIHandlers`, the one code path of the single
 server and the fleet's ingress) as each choice ends (:class:`RequestMetrics`), with the
@@ -159,6 +162,39 @@ TIER_METRICS: tuple[tuple[str, str, str], ...] = (
         "skipped_backup_blocks",
         "Blocks that left the device with no host copy (no host space).",
     ),
+)
+
+# (name, TierStats field, help): the KV store's counters, then its gauges
+STORE_METRICS: tuple[tuple[str, str, str], ...] = (
+    (
+        "kv_store_loaded_blocks",
+        "store_loaded_blocks",
+        "Blocks loaded from the KV store into the host tier (they then reach the device).",
+    ),
+    ("kv_store_loaded_bytes", "store_loaded_bytes", "Bytes loaded from the KV store."),
+    ("kv_store_load_seconds", "store_load_seconds", "Seconds spent loading from the KV store."),
+    (
+        "kv_store_load_misses",
+        "store_load_misses",
+        "Loads cut short by a block the KV store no longer gave (recomputed).",
+    ),
+    ("kv_store_stored_blocks", "store_stored_blocks", "Blocks written to the KV store."),
+    ("kv_store_stored_bytes", "store_stored_bytes", "Bytes written to the KV store."),
+    ("kv_store_store_seconds", "store_store_seconds", "Seconds spent writing to the KV store."),
+    (
+        "kv_store_corrupt_blocks",
+        "store_corrupt_blocks",
+        "KV store entries refused as unsound (checksum or size; recomputed, never served).",
+    ),
+    (
+        "kv_store_errors",
+        "store_errors",
+        "KV store calls that failed (answered as misses or skipped writes).",
+    ),
+)
+STORE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("kv_store_used_bytes", "store_used_bytes", "Bytes of entries the KV store holds."),
+    ("kv_store_entries", "store_entries", "Entries the KV store holds."),
 )
 
 # vLLM's buckets
@@ -371,6 +407,16 @@ class _EngineCollector:
             )
             gauge.add_metric([self.model_name], float(self.tiers.host_blocks))
             yield gauge
+        if self.tiers is not None and self.tiers.has_store:
+            tables: tuple[tuple[Any, tuple[tuple[str, str, str], ...]], ...] = (
+                (CounterMetricFamily, STORE_METRICS),
+                (GaugeMetricFamily, STORE_GAUGES),
+            )
+            for kind, table in tables:
+                for name, field, help_ in table:
+                    family = kind(metric_name(p, name), help_, labels=["model_name"])
+                    family.add_metric([self.model_name], float(getattr(self.tiers, field)))
+                    yield family
 
 
 class ServerMetrics:

@@ -105,8 +105,8 @@ class EngineReplica:
     ingress's ``/replicas``) and the replica's Serve metadata. ``torch_threads`` caps
     the model's CPU threads (replicas on one machine share its cores); ``hash_seed``
     (the driver's, passed by :func:`build_fleet_app`: a Ray worker's environment need
-    not be the driver's), ``dtype``, ``attention_backend`` and ``cuda_graphs`` go to
-    ``build_engine``.
+    not be the driver's), ``dtype``, ``attention_backend``, ``cuda_graphs`` and the
+    ``kv_store*`` settings go to ``build_engine`` (every replica opens the same store).
     """
 
     async def __init__(
@@ -125,6 +125,9 @@ class EngineReplica:
         dtype: str = "auto",
         attention_backend: str | None = None,
         cuda_graphs: bool = True,
+        kv_store: str | None = None,
+        kv_store_capacity_bytes: int | None = None,
+        kv_store_write_policy: str | None = None,
     ) -> None:
         if torch_threads is not None:
             import torch
@@ -141,6 +144,9 @@ class EngineReplica:
             dtype=dtype,
             attention_backend=attention_backend,
             cuda_graphs=cuda_graphs,
+            kv_store=kv_store,
+            kv_store_capacity_bytes=kv_store_capacity_bytes,
+            kv_store_write_policy=kv_store_write_policy,
         )
         if event_endpoint is None:  # ports the OS picks, replay included
             event_endpoint = replay_endpoint = f"tcp://{event_host}:*"
@@ -269,6 +275,9 @@ def build_fleet_app(
     cuda_graphs: bool = True,
     enable_cache_reset: bool = False,
     enable_router_view: bool = False,
+    kv_store: str | None = None,
+    kv_store_capacity_bytes: int | None = None,
+    kv_store_write_policy: str | None = None,
 ) -> serve.Application:
     """The fleet as a Serve application: :class:`FleetIngress` over ``replicas`` x
     :class:`EngineReplica` of ``model``, routed by ``router``.
@@ -284,8 +293,10 @@ def build_fleet_app(
     load. ``event_endpoint`` / ``replay_endpoint`` fix where replica ``r`` publishes its
     KV events (each endpoint offset by ``r``; :class:`EngineReplica`), ``None``: ports the
     OS picks on ``event_host``. ``metrics_prefix`` names the ingress's ``/metrics``
-    (``"vllm"``: vLLM's names). ``dtype``, ``attention_backend`` and ``cuda_graphs`` are
-    each replica's (:func:`~radixkv.serve.models.build_engine`). ``enable_cache_reset``
+    (``"vllm"``: vLLM's names). ``dtype``, ``attention_backend``, ``cuda_graphs`` and
+    ``kv_store`` (with its capacity and write policy: one store every replica opens, a
+    directory or a Mooncake master, so a block one replica computed is a hit on another)
+    are each replica's (:func:`~radixkv.serve.models.build_engine`). ``enable_cache_reset``
     and ``enable_router_view`` add the ingress's operator routes (:class:`FleetIngress`;
     off, they are a 404). ``ValueError`` naming a bad argument, two replicas' endpoints
     that would collide included.
@@ -341,6 +352,9 @@ def build_fleet_app(
         cuda_graphs=cuda_graphs,
         torch_threads=max(1, math.floor(replica_cpus)),
         hash_seed=hasher.seed,
+        kv_store=kv_store,
+        kv_store_capacity_bytes=kv_store_capacity_bytes,
+        kv_store_write_policy=kv_store_write_policy,
     )
     ingress = FleetIngress.options(
         num_replicas=ingress_replicas,
@@ -466,14 +480,17 @@ def serve_fleet(
     cuda_graphs: bool = True,
     enable_cache_reset: bool = False,
     enable_router_view: bool = False,
+    kv_store: str | None = None,
+    kv_store_capacity_bytes: int | None = None,
+    kv_store_write_policy: str | None = None,
 ) -> signal.Signals:
     """``radixkv serve --replicas N --router NAME``: run the fleet on ``host:port``, print
     the URL, each replica's KV-event endpoints (``event_endpoint`` / ``replay_endpoint``
     offset by rank, else ports the OS picks; :func:`build_fleet_app`) and a curl line, and
     serve until SIGINT or SIGTERM (:func:`stop_on_signals`);
     return that signal once the fleet is down. Each replica gets an equal share of the
-    machine's CPUs, at most one. ``enable_cache_reset`` and ``enable_router_view`` go to
-    :func:`build_fleet_app`.
+    machine's CPUs, at most one. ``enable_cache_reset``, ``enable_router_view`` and the
+    ``kv_store*`` settings go to :func:`build_fleet_app`.
 
     On a signal it drains the fleet first, as one server drains its engine
     (:func:`drain_fleet`): new requests get a 503, every open one ends with ``"abort"``
@@ -519,6 +536,9 @@ def serve_fleet(
                 cuda_graphs=cuda_graphs,
                 enable_cache_reset=enable_cache_reset,
                 enable_router_view=enable_router_view,
+                kv_store=kv_store,
+                kv_store_capacity_bytes=kv_store_capacity_bytes,
+                kv_store_write_policy=kv_store_write_policy,
             )
             serve.start(http_options={"host": host, "port": port})
             serve.run(app, name=_APP_NAME, route_prefix="/")
