@@ -8,7 +8,9 @@ replay bit-identical (issue 23's guard for its re-cut).
     diff before.jsonl after.jsonl && echo identical
 
 The traces are ``../shared/data/traces/{conversation,synthetic}_trace.jsonl`` beside the
-checkout, or in the folder ``$RADIXKV_TRACES`` names.
+checkout, or in the folder ``$RADIXKV_TRACES`` names. Every configuration is store-off: the
+store tier's fields (``store_*`` of the result and of its config, all zeros or None there)
+are left out, so the lines compare equal with revisions from before the store tier.
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ def _encode(value: object) -> object:
     return str(value)
 
 
+def _store_off(fields: dict[str, object]) -> dict[str, object]:
+    """``fields`` (a store-off result's) without the store tier's, in the result and its config."""
+    out = {k: v for k, v in fields.items() if not k.startswith("store_")}
+    config = out["config"]
+    if not isinstance(config, dict) or config["store_capacity"]:
+        raise ValueError(f"the fingerprint replays store-off configurations only, got {config}")
+    out["config"] = {k: v for k, v in config.items() if not k.startswith("store_")}
+    return out
+
+
 def main() -> int:
     for name in ("conversation", "synthetic"):
         path = TRACES / f"{name}_trace.jsonl"
@@ -53,7 +65,7 @@ def main() -> int:
                 for host in hosts:
                     result = replay(trace, policy, capacity, host_capacity=host)
                     row = {"trace": name, "policy": policy, "cap": capacity, "host": host}
-                    row.update(dataclasses.asdict(result))
+                    row.update(_store_off(dataclasses.asdict(result)))
                     print(json.dumps(row, sort_keys=True, default=_encode), flush=True)
     return 0
 

@@ -34,7 +34,7 @@ from trace_paths import TRACES
 
 from radixkv.cli import main
 from radixkv.errors import InvariantError
-from radixkv.replay import RADIX_POLICIES, ReplayConfig, load_trace, replay
+from radixkv.replay import RADIX_POLICIES, ReplayConfig, TierCostModel, load_trace, replay
 from radixkv.replay.id_pools import STORE_ENTRY_BYTES
 from radixkv.replay.radix_policy import RadixReplayer
 from radixkv.replay.sweep import read_csv
@@ -298,6 +298,15 @@ def test_bad_store_arguments_name_the_argument():
         RadixReplayer("radix-lru", 8, 0, 4)
     with pytest.raises(ValueError, match="host_capacity is for the radix-\\* policies only"):
         replay(requests, "lru", 8, host_capacity=2, store_capacity=2)
+
+
+def test_the_cost_model_refuses_a_store_it_cannot_price():
+    model = TierCostModel()
+    with pytest.raises(
+        ValueError, match="device and a host tier only, got a result with store_capacity=4"
+    ):
+        model.tokens_saved(hand(4))
+    assert model.seconds(replay(reqs(HAND, 512, HAND_LENGTHS), "radix-lru", 2, host_capacity=2))
 
 
 def test_the_largest_store_capacity_reserves_nothing():
