@@ -291,7 +291,7 @@ def plot_sweep(
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("device cache capacity (blocks)")
-    ax.set_ylabel("token hit rate")
+    ax.set_ylabel("token hit rate (every tier)")
     ax.set_ylim(bottom=0)
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(title or (rows[0].trace if rows else "sweep"))
