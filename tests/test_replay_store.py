@@ -223,6 +223,8 @@ def test_three_tier_figures_partition_the_served_prefix(
     t, c = r.store_stats, r.store_counts
     assert t.loaded_blocks >= r.store_block_hits and t.errors == 0 and t.corrupt_blocks == 0
     assert c.num_entries <= store and c.used_bytes == c.num_entries * STORE_ENTRY_BYTES
+    distinct = {tuple(q[: j + 1]) for q in seqs for j in range(len(q))}
+    assert c.num_entries <= len(distinct)  # one entry per distinct prefix, at most
     d = r.to_dict(per_request=True)
     assert json.loads(json.dumps(d)) == d
     assert d["total_store_hit_tokens"] == sum(p["store_hit_tokens"] for p in d["per_request"])
