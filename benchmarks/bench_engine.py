@@ -244,7 +244,7 @@ def main() -> int:
     )
     for _, cache, policy in MODES:
         warm = EngineConfig(
-            block_size=args.block_size, num_blocks=64, cache=cache, policy=policy,
+            block_size=args.block_size, num_blocks=64, cache=cache, schedule_policy=policy,
             max_num_seqs=args.max_num_seqs, cuda_graphs=args.cuda_graphs,
         )  # fmt: skip
         run_workload(model, tiny, warm, 4)
@@ -262,7 +262,7 @@ def main() -> int:
                 max_num_batched_tokens=args.budget,
                 max_num_seqs=args.max_num_seqs,
                 cache=cache,
-                policy=policy,
+                schedule_policy=policy,
                 cuda_graphs=args.cuda_graphs,
             )
             r = run_workload(model, wl, cfg, max_new)

@@ -29,10 +29,10 @@ CONFIGS=/tmp/radixkv-configs.json
 
     stage "CUDA tests"
     timeout 200 python3 -m pytest -m cuda -q -p no:cacheprovider --maxfail=5 \
-        tests/test_triton_attention.py tests/test_cuda_graphs.py tests/test_fused_kernels.py \
-        tests/test_model.py tests/test_forward_batch.py tests/test_engine.py \
-        tests/test_engine_host_tier.py tests/test_engine_hardening.py tests/test_kvpool.py \
-        tests/test_prompt_scores.py tests/test_smollm2.py \
+        tests/model/test_triton_attention.py tests/model/test_cuda_graphs.py tests/model/test_fused_kernels.py \
+        tests/model/test_model.py tests/model/test_forward_batch.py tests/engine/test_engine.py \
+        tests/engine/test_engine_host_tier.py tests/engine/test_engine_hardening.py tests/model/test_kvpool.py \
+        tests/engine/test_prompt_scores.py tests/model/test_smollm2.py \
         --durations=8 -rs 2>&1
 
     cd benchmarks

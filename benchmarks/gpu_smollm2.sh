@@ -27,7 +27,7 @@ stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
     if [ -n "$SMOLLM2_GGUF" ]; then
         model=smollm2
         stage "CUDA tests, SmolLM2's real weights"
-        timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_smollm2.py \
+        timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/model/test_smollm2.py \
             --durations=5 -rs 2>&1
     fi
 

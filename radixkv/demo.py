@@ -153,7 +153,7 @@ def _run(
             num_blocks=args.num_blocks,
             max_num_batched_tokens=args.budget,
             cache=cache,
-            policy=args.policy,
+            schedule_policy=args.schedule_policy,
         ),
     )
     params = SamplingParams(args.max_new_tokens, stop_token_ids=chat.tokenizer.stop_token_ids)
@@ -284,7 +284,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block")
     p.add_argument("--num-blocks", type=positive_int, default=256, help="KV pool blocks")
     p.add_argument("--budget", type=positive_int, default=512, help="tokens per engine step")
-    p.add_argument("--policy", choices=("fcfs", "lpm"), default="fcfs")
+    p.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs")
     p.add_argument(
         "--threads", type=nonneg_int, default=0, help="torch CPU threads (0: torch's default)"
     )

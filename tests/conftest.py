@@ -1,23 +1,21 @@
-"""Shared test setup: Triton's interpreter on machines without a GPU, hypothesis profiles.
+"""Shared test setup, torch-free: hypothesis profiles and the Mooncake Store fixtures.
 
-- Without CUDA, ``TRITON_INTERPRET=1`` is set before any test imports the
-  ``triton`` backend's kernels, so they run (slowly, on tiny shapes) on the CPU
-  and every test parametrized over the decoder backends checks them too. With a
-  GPU they compile for it, and the CPU-device cases of that backend are skipped.
+Tests live in a folder per room of the package (``tests/cache``, ``model``, ``engine``,
+``serve``, ``fleet``, ``replay``, ``text``); whole-project checks (layout, README, docs,
+public API, CLI) stay here. The rooms that run the decoder (model, engine, serve, fleet)
+set up Triton's interpreter in their own conftest (``triton_setup.py``); the cache,
+replay and text rooms run where torch is not installed (``test_torch_free.py`` collects
+them with torch blocked).
 
 - ``ci`` (default): enough examples to catch regressions within the suite's time budget.
 - ``deep``: many more examples; run by hand before a release:
-  ``HYPOTHESIS_PROFILE=deep pytest tests/test_radix_stateful.py``.
+  ``HYPOTHESIS_PROFILE=deep pytest tests/cache/test_radix_stateful.py``.
 """
 
 import os
 
-import torch
 from hypothesis import HealthCheck, settings
 from mooncake_helpers import mooncake_master, mooncake_pool  # noqa: F401 (session fixtures)
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "ci",

@@ -1,5 +1,5 @@
-"""A Mooncake Store master on free 127.0.0.1 ports for the tests (tests/test_kv_store.py's
-contract suite, tests/test_store_mooncake.py).
+"""A Mooncake Store master on free 127.0.0.1 ports for the tests (tests/cache/test_kv_store.py's
+contract suite, tests/cache/test_store_mooncake.py).
 
 ``mooncake_master`` comes with the ``mooncake-transfer-engine-non-cuda`` wheel; the client
 needs ``libibverbs1``. Where either is missing the tests that need them skip, saying which.

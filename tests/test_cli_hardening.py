@@ -344,7 +344,7 @@ def test_usage_errors_of_the_top_level_are_one_line(capsys) -> None:
 # ---------------------------------------------------------------- item 23: benchmarks
 BENCH_FILES = sorted(BENCHMARKS.glob("*.py"))
 BENCH_SCRIPTS = sorted(p for p in BENCHMARKS.glob("bench_*.py") if p.name != "bench_common.py")
-TEST_MODULES = {p.stem for p in TESTS.glob("*.py")} | {"tests", "conftest"}
+TEST_MODULES = {p.stem for p in TESTS.rglob("*.py")} | {"tests", "conftest"}
 
 
 def _code_strings(tree: ast.AST) -> list[str]:

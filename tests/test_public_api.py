@@ -31,7 +31,7 @@ PUBLIC = {
         "make_cache",
     ],
     "radixkv.engine": [
-        "ADMISSION_POLICIES",
+        "SCHEDULE_POLICIES",
         "Completion",
         "Engine",
         "EngineConfig",

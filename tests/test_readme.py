@@ -129,13 +129,13 @@ def run_block(block: str, loop: Loop) -> dict:
 def check_loop(block: str, convert: Callable[[list[int]], object], max_new: int) -> None:
     """Run ``block`` and assert the cache holds exactly what every request computed."""
     loop = Loop(convert, max_new)
-    kv = run_block(block, loop)["kv"]
+    manager = run_block(block, loop)["manager"]
     assert len(loop.replies) == 6, "every request ran"
     assert min(loop.cached[3:]) >= 32, "second turns reuse their first turn's blocks"
-    kv.check()
-    assert kv.num_requests == 0
+    manager.check()
+    assert manager.num_requests == 0
     for seq in loop.offered:
-        assert kv.cache.peek(seq) == floor_block(len(seq)), "the cache lacks computed blocks"
+        assert manager.cache.peek(seq) == floor_block(len(seq)), "the cache lacks computed blocks"
 
 
 def readme_loop_block() -> str:
@@ -164,7 +164,8 @@ def test_readme_blocks_run_as_written(prompt_type: str, max_new: int) -> None:
 def test_the_check_catches_a_loop_that_does_not_say_what_ran(max_new: int) -> None:
     """Without the append, the manager knows only the matched prefix has K/V: the checks
     above must fail (the next turn finds less cached than the oracle expects)."""
-    block, n = re.subn(r"\n *kv\.append_output_tokens\(rid, output\).*", "", readme_loop_block())
+    append = r"\n *manager\.append_output_tokens\(rid, output\).*"
+    block, n = re.subn(append, "", readme_loop_block())
     assert n == 1, "README's append line changed: update this test's mutation"
     with pytest.raises(AssertionError, match="wrong prefix|lacks computed blocks"):
         check_loop(block, list, max_new)

@@ -193,3 +193,18 @@ def test_fleet_simulator_works_without_torch() -> None:
         assert isinstance(res, SimResult) and sum(res.served) == 4 and res.hit_tokens > 0, res
         """
     )
+
+
+def test_the_torch_free_rooms_tests_collect_without_torch() -> None:
+    """The cache, replay and text rooms' tests import where torch cannot be (their conftest
+    chain is torch-free); a test there that needs torch skips or is in another room."""
+    root = Path(__file__).resolve().parent.parent
+    rooms = [str(root / "tests" / room) for room in ("cache", "replay", "text")]
+    run_blocked(
+        """
+        import pytest
+        rc = pytest.main([*sys.argv[1:], "--collect-only", "-q", "-p", "no:cacheprovider"])
+        assert rc == 0, rc
+        """,
+        *rooms,
+    )

@@ -9,8 +9,7 @@
   :mod:`~radixkv.cache.tree_events`, its pins in :mod:`~radixkv.cache.pins` and its
   inspection in :mod:`~radixkv.cache.inspection`;
 - :mod:`~radixkv.cache.tiered`: ``TieredRadixCache``, the tree with tiers below the
-  device (``RadixCache(..., host=HostTier(...))`` builds one; the tier's pool and
-  policy are :mod:`~radixkv.cache.host`'s);
+  device (the tier's pool and policy are :mod:`~radixkv.cache.host`'s);
 - :mod:`~radixkv.cache.hashcache`: ``HashBlockCache``, vLLM-style chained block
   hashes;
 - :mod:`~radixkv.cache.hashing`: every chained-hash recipe and the one namespace

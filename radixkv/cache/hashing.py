@@ -356,7 +356,7 @@ def chain_hashes(
     Equal to ``[hasher.wire(d) for d in hasher.hashes(hasher.root, tokens,
     block_size, namespace_extra_keys(namespace))]``. The xxhash recipe is
     inlined (the blocks cut in one numpy call, the chain kept in ints;
-    ``tests/test_fleet_index.py`` pins the equality). ``ValueError`` naming
+    ``tests/fleet/test_fleet_index.py`` pins the equality). ``ValueError`` naming
     ``block_size`` or ``tokens`` unless a positive int / 1-D. Complexity: O(len(tokens)).
     """
     if type(block_size) is not int or block_size < 1:  # a router's per-request path: no call

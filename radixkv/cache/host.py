@@ -3,9 +3,9 @@
 A ``HostTier`` is a second ``BlockAllocator`` (same block size as the device
 pool; its blocks index a host ``KVPool`` of the same per-layer layout), a
 ``BlockCopier`` that moves KV between the two pools, and the write policy.
-``RadixCache(allocator, host=HostTier(...))`` keeps the host copies in the
-tree's nodes, as SGLang's HiRadixCache does: a node holds device blocks, host
-blocks, or both (``radixkv.cache.tiered.TieredRadixCache`` is the tree's side of the tier).
+``TieredRadixCache(allocator, host=HostTier(...))`` (``radixkv.cache.tiered``, the
+tree's side of the tier) keeps the host copies in the tree's nodes, as SGLang's
+HiRadixCache does: a node holds device blocks, host blocks, or both.
 
 - **Write policy.** ``"write_back"`` (the default) copies a node to host when
   the device evicts it; ``"write_through"`` copies it as soon as it has been
@@ -19,7 +19,7 @@ blocks, or both (``radixkv.cache.tiered.TieredRadixCache`` is the tree's side of
   candidates: host-only leaves (deleted) and host mirrors of device-resident
   nodes (the mirror goes, the node stays on device). Considering mirrors too
   is what keeps a host pool full of mirrors from starving.
-- **Load** (``RadixCache.load``): top-down, node by node, all-or-nothing per
+- **Load** (``TieredRadixCache.load``): top-down, node by node, all-or-nothing per
   node: device blocks are allocated (evicting first if short), the host blocks
   are copied in, and the caller gets references as for a device hit.
 
@@ -93,10 +93,10 @@ class NullCopier:
 
 @dataclass
 class HostTier:
-    """The host tier's pool, copier and policy (``RadixCache(..., host=HostTier(...))``).
+    """The host tier's pool, copier and policy (``TieredRadixCache(..., host=HostTier(...))``).
 
     - ``allocator``: the host pool's ``BlockAllocator``; its block size must
-      equal the device pool's (``ValueError`` from ``RadixCache`` otherwise).
+      equal the device pool's (``ValueError`` from ``TieredRadixCache`` otherwise).
       The tree holds the one reference on every host block it uses; nothing
       else may allocate from it.
     - ``copier``: a :class:`BlockCopier` (default :class:`NullCopier`).

@@ -31,16 +31,16 @@ Plain ints and numpy only (no tensor): the tables become tensors in the model
 runner. Not thread-safe: one thread, or one lock around each call.
 
 >>> from radixkv import BlockAllocator, RadixCache
->>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=8, block_size=2)))
->>> kv.match_prefix("a", [1, 2, 3, 4, 5])      # nothing cached yet
+>>> manager = KVCacheManager(RadixCache(BlockAllocator(num_blocks=8, block_size=2)))
+>>> manager.match_prefix("a", [1, 2, 3, 4, 5])      # nothing cached yet
 0
->>> kv.allocate_slots("a", 6), kv.block_table("a")
+>>> manager.allocate_slots("a", 6), manager.block_table("a")
 (True, [0, 1, 2])
->>> kv.append_output_tokens("a", [7])           # sampled: the 5 prompt tokens have K/V
->>> kv.free("a")                                # their 2 full blocks stay cached
->>> kv.match_prefix("b", [1, 2, 3, 4, 9])
+>>> manager.append_output_tokens("a", [7])           # sampled: the 5 prompt tokens have K/V
+>>> manager.free("a")                                # their 2 full blocks stay cached
+>>> manager.match_prefix("b", [1, 2, 3, 4, 9])
 4
->>> kv.block_table("b")
+>>> manager.block_table("b")
 [0, 1]
 """
 
@@ -67,6 +67,7 @@ from radixkv.cache.prefix_cache import (
 )
 from radixkv.cache.radix import RadixCache
 from radixkv.cache.results import MatchResult
+from radixkv.cache.tiered import TieredRadixCache
 from radixkv.checks import check_bool, check_int
 from radixkv.errors import InvariantError
 
@@ -115,8 +116,8 @@ class _LoadingLookup:
 
 
 def _lookup_for(cache: PrefixCache) -> _Lookup:
-    """The lookup for ``cache``: through ``load`` where it has one (a ``LoadingCache``: the
-    radix tree, which loads from the tiers below the device when it has any), else ``match``."""
+    """The lookup for ``cache``: through ``load`` where it has one (a ``LoadingCache``, such as
+    ``TieredRadixCache``, which loads from the tiers below the device), else ``match``."""
     if isinstance(cache, LoadingCache):
         return _LoadingLookup(cache)
     return _DeviceLookup(cache)
@@ -173,7 +174,7 @@ class KVCacheManager:
     id is one request until it is freed. Pass a
     :class:`~radixkv.cache.null.NullCache` to serve without caching. With a
     cache that has tiers below the device (a ``LoadingCache``, such as a
-    ``RadixCache`` built with a host tier), lookups load the part of a prefix
+    ``TieredRadixCache``), lookups load the part of a prefix
     held below the device back (``load``).
     """
 
@@ -323,12 +324,12 @@ class KVCacheManager:
         for a ``num_blocks`` that is not an int ``>= 0``. Complexity: O(1) when
         enough blocks are free, else O(num_blocks), vectorised.
 
-        >>> kv = KVCacheManager(RadixCache(BlockAllocator(num_blocks=4, block_size=2)))
-        >>> kv.match_prefix("a", [1, 2, 3, 4, 5]), kv.allocate_slots("a", 5)
+        >>> manager = KVCacheManager(RadixCache(BlockAllocator(num_blocks=4, block_size=2)))
+        >>> manager.match_prefix("a", [1, 2, 3, 4, 5]), manager.allocate_slots("a", 5)
         (0, True)
-        >>> kv.cache_blocks("a", 5)               # the prompt ran: its 2 full blocks cached
-        >>> kv.free("a")                          # 2 blocks stay cached, 2 are free
-        >>> kv.may_allocate(4), kv.may_allocate(5)
+        >>> manager.cache_blocks("a", 5)               # the prompt ran: its 2 full blocks cached
+        >>> manager.free("a")                          # 2 blocks stay cached, 2 are free
+        >>> manager.may_allocate(4), manager.may_allocate(5)
         (True, False)
         """
         check_num_blocks(num_blocks)
@@ -569,8 +570,8 @@ def make_cache(
     events: ChainHasher | None = None,
 ) -> PrefixCache:
     """The cache named by ``kind`` over ``allocator``: a ``RadixCache`` (with ``eviction``
-    and, optionally, a ``host`` tier and KV ``events``), a ``HashBlockCache`` (sha256,
-    seed 0), or for None a ``NullCache`` that caches nothing.
+    and, optionally, KV ``events``; a ``TieredRadixCache`` with a ``host`` tier), a
+    ``HashBlockCache`` (sha256, seed 0), or for None a ``NullCache`` that caches nothing.
 
     ``ValueError`` for an unknown kind or eviction order, or a host tier or events on
     a cache other than ``"radix"``.
@@ -578,8 +579,10 @@ def make_cache(
     if (host is not None or events is not None) and kind != "radix":
         what = "a host tier" if host is not None else "KV events"
         raise ValueError(f"{what} needs cache='radix', got cache={kind!r}")
+    if kind == "radix" and host is not None:
+        return TieredRadixCache(allocator, eviction=eviction, host=host, events=events)
     if kind == "radix":
-        return RadixCache(allocator, eviction=eviction, host=host, events=events)
+        return RadixCache(allocator, eviction=eviction, events=events)
     if kind == "hash":
         return HashBlockCache(allocator, hash_seed=0)
     if kind is None:

@@ -117,3 +117,11 @@ class Root(Node):
         super().__init__(b"", b"", None, 0, last_access)
         self.namespace = namespace  # as the caller gave it (for pretty)
         self.ns_key = ns_key  # its key in _roots
+
+
+def has_device_child(node: Node) -> bool:
+    """Whether a child of ``node`` holds device blocks (a leaf of the tree's index has none)."""
+    for child in node.children.values():
+        if child.blocks:
+            return True
+    return False

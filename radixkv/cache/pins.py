@@ -18,12 +18,20 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator
 
+import numpy as np
+
 from radixkv.cache.node import TOKEN_BYTES, Node, Root
 from radixkv.errors import invariant
 
-__all__ = ["Pins", "pinned_path"]
+__all__ = ["Pins", "pin_key", "pinned_path"]
 
 PinKey = tuple[Hashable, bytes]  # (namespace key, the full-block bytes pin() was given)
+
+
+def pin_key(ns_key: Hashable, tokens: np.ndarray, block_bytes: int) -> PinKey:
+    """What a pin of ``tokens`` (int32) under namespace key ``ns_key`` is filed under: their
+    full blocks' bytes (``block_bytes`` per block)."""
+    return ns_key, tokens.tobytes()[: len(tokens) * TOKEN_BYTES // block_bytes * block_bytes]
 
 
 def pinned_path(anchor: Node) -> Iterator[Node]:

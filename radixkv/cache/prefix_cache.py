@@ -4,8 +4,8 @@
 chained block hashes) and ``NullCache`` (caches nothing: the cache-off
 baseline) all satisfy this protocol structurally, so a serving loop, the trace
 replayer or a benchmark can take any one. ``LoadingCache`` is the one capability
-beyond it: a ``load`` that brings back what tiers below the device hold (every
-``RadixCache``). Below the protocols, the input checks and the reference
+beyond it: a ``load`` that brings back what tiers below the device hold
+(``TieredRadixCache``). Below the protocols, the input checks and the reference
 bookkeeping the implementations share.
 
 Reference ownership, common to every implementation (docs/design.md):
@@ -201,10 +201,10 @@ class PrefixCache(Protocol):
 class LoadingCache(Protocol):
     """A prefix cache that may hold a prefix in tiers below the device, and brings it back.
 
-    ``RadixCache`` is one (with no tier below, its ``load`` is ``match``;
-    ``TieredRadixCache`` copies the host-only part back); ``HashBlockCache`` and
-    ``NullCache`` are not. The KV manager looks prefixes up through ``load``
-    where a cache has it (``radixkv.cache.manager``).
+    ``TieredRadixCache`` is one (its ``load`` copies the host-only part back); a
+    ``RadixCache`` without a tier, ``HashBlockCache`` and ``NullCache`` are not:
+    their ``match`` finds all there is. The KV manager looks prefixes up through
+    ``load`` where a cache has it (``radixkv.cache.manager``).
     """
 
     def load(

@@ -1,42 +1,32 @@
 """RadixCache: a compressed trie on token ids that owns refcounted KV blocks.
 
-Each node but the root holds a block-aligned run of tokens and exactly one
-block per ``block_size`` tokens, stored once as the bytes of an int32 array:
-the child key is the first block's bytes, and walking down is one dict lookup
-plus one ``bytes.startswith`` (a memcmp) per node. Only where a walk ends
-inside a node are tokens compared one by one, to find the block boundary
-(rounded down) where they part. ``peek`` walks the same way and changes nothing.
+Each node but the root holds a block-aligned run of tokens and one block per
+``block_size`` tokens, stored once as the bytes of an int32 array: the child key is
+the first block's bytes, and walking down is one dict lookup plus one
+``bytes.startswith`` (a memcmp) per node. Only where a walk ends inside a node are
+tokens compared one by one, to find the block boundary (rounded down) where they part.
+The tree holds one reference on every block of every node (docs/design.md).
 
-The tree holds one reference on every block of every node; ``match`` gives the
-caller one more on each matched block; ``insert`` takes the tree's own on each
-block it adopts and never touches the caller's (docs/design.md).
+Every leaf sits in a sorted index keyed by the eviction order, so ``evict`` pops
+victims from the front; leaves whose blocks a request holds are skipped. The index is
+lazy: a touch only bumps the node's clock (keys never decrease, so a stale entry sorts
+at or before its place) and a leaf that gains a child only forgets its entry; ``evict``
+re-files stale entries and drops dead ones, and the index is rebuilt when dead entries
+outnumber live ones. Each namespace has its own root, dropped with its last child.
 
-Every leaf sits in a sorted index keyed by the eviction order, so ``evict``
-pops victims from the front; leaves whose blocks a request holds are skipped.
-The index is lazy: a touch only bumps the node's clock (keys never decrease, so
-a stale entry sorts at or before its place) and a leaf that gains a child only
-forgets its entry; ``evict`` re-files stale entries and drops dead ones, and the
-index is rebuilt when dead entries outnumber live ones. Each namespace has its
-own root (``namespace_key``), dropped with its last child.
-
-Collaborators, each with a do-nothing version when off: the eviction order
-(``radixkv.cache.eviction``: ``key`` and hooks for an order with state, as
-``GhostOrder``) and KV cache events (``radixkv.cache.tree_events``: a
-``BlockStored`` per insert that adopts blocks, a ``BlockRemoved`` per block
-evicted, ``AllBlocksCleared`` on reset; a split records nothing). Pins
-(``radixkv.cache.pins``) and inspection (``radixkv.cache.inspection``) work on
-nodes and are called by the tree.
-
-Tiers below the device are a subclass (``radixkv.cache.tiered``, as SGLang's
-``HiRadixCache``): a node only a lower tier keeps stays in the tree with no
-device blocks (``blocks == b""``). This class never makes one; it meets one
-generically (a walk's device part, an insert that gives it blocks again) and
-calls a template hook, a no-op here, wherever a tier below acts (the section
-"template hooks" below).
+Collaborators: the eviction order (``radixkv.cache.eviction``), KV cache events
+(``radixkv.cache.tree_events``; a do-nothing version when off), and, over nodes
+rather than the tree, pins (``radixkv.cache.pins``) and inspection
+(``radixkv.cache.inspection``). Tiers below the device are a subclass
+(``radixkv.cache.tiered``, as SGLang's ``HiRadixCache``) that owns their state and
+overrides the template hooks at the end of the class. This class never makes a node
+without device blocks; a leaf is a node with device blocks and no child that has any,
+so such a node, made by a subclass, needs no case of its own here.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Iterator
 from dataclasses import replace
 from typing import ClassVar
@@ -56,14 +46,14 @@ from radixkv.cache.arrays import (
 from radixkv.cache.events import HOST_MEDIUM, MEDIUM, KVCacheEvent
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
 from radixkv.cache.hashing import ChainHasher
-from radixkv.cache.host import HostTier
 from radixkv.cache.node import EMPTY_BLOCKS as _EMPTY_BLOCKS
 from radixkv.cache.node import ID_BYTES as _ID_BYTES
 from radixkv.cache.node import NO_CHILDREN as _NO_CHILDREN
 from radixkv.cache.node import TOKEN_BYTES as _TOKEN_BYTES
 from radixkv.cache.node import Node as _Node
 from radixkv.cache.node import Root as _Root
-from radixkv.cache.pins import Pins
+from radixkv.cache.node import has_device_child
+from radixkv.cache.pins import Pins, pin_key
 from radixkv.cache.prefix_cache import check_num_blocks, held_array, namespace_key, release_held
 from radixkv.cache.results import CacheStats, MatchResult
 from radixkv.cache.tree_events import NO_TREE_EVENTS, NoTreeEvents, TreeEvents
@@ -78,30 +68,27 @@ _MEDIA = (MEDIUM, HOST_MEDIUM)
 class RadixCache:
     """Block-level prefix cache over a ``BlockAllocator`` (SGLang-style radix tree).
 
-    ``eviction`` is ``"level"`` (deepest leaves first, LRU within a depth),
-    ``"lru"`` (least recently used leaf first), any other name in
-    ``radixkv.cache.eviction.EVICTION_ORDERS``, or an object with a
-    ``key(node)`` method returning a tuple (an ``EvictionOrder``, or any object:
-    it then gets the default hooks; ``TypeError`` naming the order if its key
-    of a fresh node is no tuple).
+    ``eviction`` is ``"level"`` (deepest leaves first, LRU within a depth), ``"lru"``
+    (least recently used leaf first), any other name in
+    ``radixkv.cache.eviction.EVICTION_ORDERS``, or an object with a ``key(node)`` method
+    returning a tuple (an ``EvictionOrder``, or any object: it then gets the default
+    hooks; ``TypeError`` naming the order if its key of a fresh node is no tuple).
 
-    ``events``: a ``ChainHasher`` turns KV cache events on (module docstring;
-    ``take_events``); None (the default) keeps them off at no cost.
-    ``TypeError`` naming ``events`` for anything else. With events on, every
-    method taking a namespace refuses one the hasher cannot encode
-    (``ChainHasher.check_namespace``: ``ValueError`` naming ``namespace``),
-    before any change.
+    ``events``: a ``ChainHasher`` turns KV cache events on (``take_events``: a
+    ``BlockStored`` per insert that adopts blocks, a ``BlockRemoved`` per block evicted,
+    ``AllBlocksCleared`` on reset); None (the default) keeps them off at no cost;
+    ``TypeError`` naming ``events`` for anything else. With events on, every method
+    taking a namespace refuses one the hasher cannot encode (``ValueError`` naming
+    ``namespace``), before any change.
 
-    ``host``: a ``HostTier`` (``radixkv.cache.host``) gives evicted prefixes a
-    second tier: ``RadixCache(..., host=tier)`` builds a
-    ``radixkv.cache.tiered.TieredRadixCache`` (this class's subclass, so every
-    method below is there); ``TypeError``/``ValueError`` naming ``host`` unless
-    its pool is a separate allocator of the same block size. Without one
-    (``host=None``, the default) the tree is the device's alone.
+    A host tier is ``radixkv.cache.tiered.TieredRadixCache`` (or ``make_cache``).
+    Deprecated, for one release: ``RadixCache(..., host=tier)`` still builds one, with
+    a ``DeprecationWarning``; a subclass of this class given a ``host`` raises
+    ``TypeError`` naming it.
 
-    One cache per allocator: ``ValueError`` naming ``allocator`` if another
-    live cache already claimed it (see ``radixkv.cache.allocator``). When
-    this cache is garbage-collected its references go back to the allocator.
+    One cache per allocator: ``ValueError`` naming ``allocator`` if another live cache
+    already claimed it (``radixkv.cache.allocator``). When this cache is
+    garbage-collected its references go back to the allocator.
 
     >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
     >>> cache = RadixCache(alloc)
@@ -117,8 +104,8 @@ class RadixCache:
     0
     """
 
-    # What RadixCache(..., host=tier) builds: the tiered subclass registers itself here
-    # (``__init_subclass__``), so this module never imports it. radixkv.cache imports it.
+    # What the deprecated RadixCache(..., host=tier) builds: the tiered subclass files itself
+    # here (``__init_subclass__``), so this module never imports it.
     _tiered_class: ClassVar[type[RadixCache] | None] = None
 
     def __init_subclass__(cls, *, builds_host_tier: bool = False, **kwargs: object) -> None:
@@ -126,9 +113,17 @@ class RadixCache:
         if builds_host_tier:
             RadixCache._tiered_class = cls
 
-    def __new__(cls, *args: object, host: HostTier | None = None, **kwargs: object) -> RadixCache:
-        if host is not None and cls is RadixCache and RadixCache._tiered_class is not None:
-            cls = RadixCache._tiered_class
+    def __new__(cls, *args: object, **kwargs: object) -> RadixCache:
+        if cls is RadixCache and "host" in kwargs:
+            warnings.warn(
+                "RadixCache(..., host=...) is deprecated and goes in the next release: build "
+                "TieredRadixCache(..., host=tier), RadixCache(...) without a tier, or "
+                "make_cache('radix', ..., host=tier)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if kwargs["host"] is not None:
+                cls = RadixCache._tiered_class or cls
         return super().__new__(cls)
 
     def __init__(
@@ -138,10 +133,15 @@ class RadixCache:
         *,
         events: ChainHasher | None = None,
         max_pinned_blocks: int | None = None,
-        host: HostTier | None = None,
+        host: None = None,
     ) -> None:
         if not isinstance(allocator, BlockAllocator):
             raise TypeError(f"allocator must be a BlockAllocator, got {type(allocator).__name__}")
+        if host is not None:  # only the deprecated spelling passes one (__new__)
+            raise TypeError(
+                f"host must be None for {type(self).__name__}: a host tier needs "
+                f"TieredRadixCache, got {type(host).__name__}"
+            )
         if max_pinned_blocks is None:
             max_pinned_blocks = allocator.num_blocks // 2
         # below the pool, so pins never exhaust it
@@ -151,7 +151,6 @@ class RadixCache:
         if events is not None and not isinstance(events, ChainHasher):
             raise TypeError(f"events must be a ChainHasher or None, got {type(events).__name__}")
         self._alloc = allocator
-        self._init_tiers(host)
         order = make_eviction_order(eviction)
         check_key(order, order.key(_Node(b"", b"", None, 0, 0)))
         self._order = order.bind(allocator.num_blocks, allocator.block_size)
@@ -171,8 +170,7 @@ class RadixCache:
         self._events: TreeEvents | NoTreeEvents = (
             NO_TREE_EVENTS if events is None else TreeEvents(events, allocator.block_size)
         )
-        self._claim_tiers()
-        allocator._claim(self, self._held)  # last: nothing below can fail
+        self._claim_pools()  # last: nothing after it can fail
 
     # ----------------------------------------------------------- properties
     @property
@@ -182,16 +180,6 @@ class RadixCache:
     @property
     def block_size(self) -> int:
         return self._bs
-
-    @property
-    def host(self) -> HostTier | None:
-        """The host tier (``radixkv.cache.host``), None without one."""
-        return None
-
-    @property
-    def host_cached_blocks(self) -> int:
-        """Host blocks holding a copy of some node (0 without a host tier). Complexity: O(1)."""
-        return 0
 
     @property
     def eviction(self) -> str:
@@ -213,21 +201,10 @@ class RadixCache:
         """The wire hashes (``ChainHasher.wire``) of every block the tree holds in ``medium``:
         what its ``BlockStored`` / ``BlockRemoved`` events of that medium net out to.
 
-        ``medium`` is ``"GPU"`` (the device blocks, the default) or ``"CPU"``
-        (the host copies, with a host tier). Unordered (tree order); sort it to
-        compare. ``ValueError`` naming ``medium`` for another value, and
-        ``ValueError`` if events are off (no block has a hash). Changes nothing.
-        Complexity: O(cached blocks).
-
-        >>> from radixkv.cache.hashing import ChainHasher, chain_hashes
-        >>> hasher = ChainHasher("xxhash")
-        >>> alloc = BlockAllocator(num_blocks=8, block_size=2)
-        >>> cache = RadixCache(alloc, events=hasher)
-        >>> blocks = alloc.alloc(2)
-        >>> cache.insert([1, 2, 3, 4], blocks)
-        0
-        >>> sorted(cache.block_hashes()) == sorted(chain_hashes(hasher, [1, 2, 3, 4], 2, None))
-        True
+        ``medium`` is ``"GPU"`` (the device blocks, the default) or ``"CPU"`` (the host
+        copies, with a host tier). Unordered (tree order); sort it to compare.
+        ``ValueError`` naming ``medium`` for another value, and ``ValueError`` if events
+        are off (no block has a hash). Changes nothing. Complexity: O(cached blocks).
         """
         if medium not in _MEDIA:
             raise ValueError(f"medium must be one of {_MEDIA}, got {medium!r}")
@@ -236,13 +213,7 @@ class RadixCache:
                 f"cache must be a radix cache with events on (events=ChainHasher(...)) for "
                 f"block_hashes, got {self!r}"
             )
-        hashes = self._events.wire_hashes
-        device = medium == MEDIUM
-        out: list[int] = []
-        for node in self._iter_nodes():
-            if node.blocks if device else node.host is not None:
-                out += hashes(node)
-        return out
+        return self._events.block_hashes(self._iter_nodes(), medium)
 
     @property
     def cached_blocks(self) -> int:
@@ -278,9 +249,7 @@ class RadixCache:
     @property
     def stats(self) -> CacheStats:
         """A snapshot of the counters (and ``pinned_blocks``, the blocks pins hold now)."""
-        return replace(
-            self._stats, pinned_blocks=self._pins.num_blocks, host_blocks=self.host_cached_blocks
-        )
+        return replace(self._stats, pinned_blocks=self._pins.num_blocks)
 
     # ------------------------------------------------------------------ match
     def match(
@@ -288,17 +257,13 @@ class RadixCache:
     ) -> MatchResult:
         """Longest cached block-aligned prefix of ``tokens`` under ``namespace``.
 
-        The caller receives one reference on each returned block and must
-        ``decref`` it when done. If the match ends inside a node, that node is
-        split at the block boundary (so the prefix ends at a node). Touches the
-        matched path for eviction order. Counts the query and its hit tokens in
-        ``stats`` unless ``stats=False`` (a caller re-matching a prefix it
-        already owns: not a new query). Raises ``TypeError``/``ValueError`` on
-        bad input, before any change.
-
-        Complexity: O(depth) dict lookups and memcmps, plus O(node length) for
-        the one node where the walk ends inside, plus O(matched blocks) to
-        build the result.
+        ``PrefixCache.match``'s contract: one reference on each returned block for the
+        caller, who must ``decref`` it; counted in ``stats`` unless ``stats=False`` (a
+        caller re-matching a prefix it owns). A match ending inside a node splits it at
+        the block boundary. Touches the matched path for the eviction order.
+        ``TypeError``/``ValueError`` on bad input, before any change. Complexity:
+        O(depth) dict lookups and memcmps, plus O(node length) for the one node where
+        the walk ends inside, plus O(matched blocks) to build the result.
         """
         arr = as_token_array(tokens)
         node = self._root_of(namespace)
@@ -353,13 +318,9 @@ class RadixCache:
     def peek(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """Tokens ``match(tokens, namespace)`` would return now, changing nothing.
 
-        No reference is taken, no node is split, no counter in ``stats`` and no
-        eviction clock moves, and an unseen namespace is not registered.
-        Raises ``TypeError``/``ValueError`` on bad input, as ``match``.
-
-        Complexity: O(depth) dict lookups and memcmps, plus O(node length) for
-        the one node where the walk ends inside (whole agreeing blocks, rounded
-        down, counted by a compiled loop).
+        No reference is taken, no node is split, no counter in ``stats`` and no eviction
+        clock moves, and an unseen namespace is not registered. Raises as ``match``.
+        Complexity: as ``match``, without the result.
         """
         arr = as_token_array(tokens)
         _, pos, _, _ = self._walk(self._root_of(namespace), arr)
@@ -376,27 +337,20 @@ class RadixCache:
     ) -> int:
         """Cache the full blocks of ``tokens``; return how many leading tokens were cached already.
 
-        ``priority`` (an int, default 0) is what the ``"priority"`` eviction
-        order reads: every node on the inserted path keeps the highest
-        priority any insert through it gave (lower goes first).
+        ``PrefixCache.insert``'s contract: ``blocks[i]`` holds tokens ``[i * bs, (i + 1) *
+        bs)``; the tree adopts (takes its own reference on) the blocks past the cached
+        prefix and never touches the caller's, who still owns and must ``decref`` all of
+        ``blocks``. ``priority`` (an int, default 0) is what the ``"priority"`` eviction
+        order reads: every node on the inserted path keeps the highest priority any insert
+        through it gave (lower goes first).
 
-        ``blocks[i]`` must hold tokens ``[i * bs, (i + 1) * bs)``: an ordered
-        sequence (list, tuple, 1-D integer array or tensor) of at least
-        ``len(tokens) // block_size`` entries, every one allocated (also those
-        past the full blocks). The tree adopts (takes its own reference on)
-        the blocks past the already-cached prefix and never touches the
-        caller's references: the caller still owns and must ``decref`` all of
-        ``blocks``. Raises ``ValueError`` (too few blocks, a free or
-        out-of-range block, a repeated block, or a block the tree already
-        caches at another position, naming its index in ``blocks``) and
-        ``TypeError`` (``blocks`` a set, dict, iterator or other unordered or
-        non-integer input), before any change.
-
-        With events on, records one ``BlockStored`` for the adopted blocks. It
-        hashes them before anything changes: an exception from the hasher
-        leaves the tree, every refcount and the event log as they were. A
-        copier that raises while backing the new leaf up (``write_through`` with
-        0 hits) leaves it cached, without a host copy.
+        Raises ``ValueError`` (too few blocks, a free or out-of-range block, also past
+        the full blocks, a repeated block, or a block the tree already caches at another
+        position, naming its index in ``blocks``) and ``TypeError`` (``blocks`` a set,
+        dict, iterator or other unordered or non-integer input), before any change.
+        With events on, records one ``BlockStored`` for the adopted blocks, hashed
+        before anything changes: a hasher that raises leaves the tree, every refcount
+        and the event log as they were.
 
         Complexity: as ``match`` for the walk, plus O(len(blocks)) to validate
         (one compiled pass), plus O(adopted blocks) (and, with events on, the
@@ -520,15 +474,12 @@ class RadixCache:
     def pin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
         """Keep the cached block-aligned prefix of ``tokens`` in the tree until :meth:`unpin`.
 
-        A system prompt or few-shot block, pinned once it is cached, survives any
-        eviction order; its blocks count in :attr:`pinned_blocks` and
-        ``stats.pinned_blocks``. Pins nest: the same prefix pinned twice needs
-        two unpins. Returns the tokens pinned (0 if nothing of ``tokens`` is
-        cached: insert first). No reference is taken, no statistic counted; the
-        pinned path is touched as by a match. ``ValueError`` naming
-        ``max_pinned_blocks`` if the newly pinned blocks would pass the cap,
-        ``TypeError``/``ValueError`` for bad input, before any change.
-        Complexity: as ``match`` (a split where the prefix ends inside a node).
+        A pinned prefix (a system prompt) survives any eviction order; its blocks count in
+        :attr:`pinned_blocks`. Pins nest. Returns the tokens pinned (0 if nothing of
+        ``tokens`` is cached). No reference is taken, no statistic counted; the path is
+        touched as by a match. ``ValueError`` naming ``max_pinned_blocks`` if the newly
+        pinned blocks would pass the cap, ``TypeError``/``ValueError`` for bad input,
+        before any change. Complexity: as ``match``.
         """
         arr = as_token_array(tokens)
         ns_key, root = self._lookup_root(namespace)
@@ -542,8 +493,7 @@ class RadixCache:
         self._clock += 1
         for node in path:
             node.last_access = self._clock
-        n_bytes = len(arr) // self._bs * self._block_bytes
-        self._pins.add((ns_key, arr.tobytes()[:n_bytes]), path)
+        self._pins.add(pin_key(ns_key, arr, self._block_bytes), path)
         return pos // _TOKEN_BYTES
 
     def unpin(self, tokens: TokenSeq, namespace: Hashable = None) -> int:
@@ -552,9 +502,7 @@ class RadixCache:
         (``reset`` drops every pin), before any change. Complexity: O(depth of the prefix).
         """
         arr = as_token_array(tokens)
-        ns_key = namespace_key(namespace)
-        n_bytes = len(arr) // self._bs * self._block_bytes
-        key = (ns_key, arr.tobytes()[:n_bytes])
+        key = pin_key(namespace_key(namespace), arr, self._block_bytes)
         tokens_pinned = self._pins.remove(key)
         if tokens_pinned is None:
             raise ValueError(
@@ -566,19 +514,13 @@ class RadixCache:
     def evict(self, num_blocks: int) -> int:
         """Free at least ``num_blocks`` cached blocks if that many are evictable, else all it can.
 
-        Victims are leaves in eviction order; a whole leaf goes at once (so
-        maybe more than asked). A block some request holds (refcount > 1) is
-        never freed and its node stays: a leaf whose last block is held is
-        skipped; a leaf of which only a head part is held is split there and
-        its free tail evicted. A parent becomes a candidate once its last child
-        is gone; a namespace's root goes with its last child. With a host tier,
-        a leaf with a host copy (made now under ``write_back``) stays as a
-        host-only node. Returns the number of blocks freed. ``num_blocks`` is
-        any int ``>= 0`` (``10**30`` too); ``ValueError`` / ``TypeError``
-        otherwise, before any change. A custom order whose key is no tuple
-        raises ``TypeError`` (what was evicted before stays evicted; the index
-        stays whole). With events on, records one ``BlockRemoved`` per block
-        that leaves the device.
+        ``PrefixCache.evict``'s contract. Victims are leaves in eviction order, each whole
+        (so maybe more than asked). A block a request holds is never freed: a leaf whose
+        last block is held is skipped; one of which only a head part is held is split
+        there and its tail evicted. A parent becomes a candidate once its last child is
+        gone; a root goes with its last child. A custom order whose key is no tuple raises
+        ``TypeError`` (what was evicted stays evicted; the index stays whole). With events
+        on, records one ``BlockRemoved`` per block that leaves the device.
 
         Complexity: O((evicted + skipped leaves) * log leaves), plus O(blocks freed).
         """
@@ -631,34 +573,29 @@ class RadixCache:
         return freed
 
     def _evict_leaf(self, node: _Node, ids: np.ndarray) -> int:
-        """Free leaf ``node``'s device blocks ``ids`` (no request holds them); return the count.
-
-        Where a tier below keeps the node (``_keeps``) it stays with no device
-        blocks; else it is deleted, with any nodes below it (``_drop_below``).
-        Only ``_keeps`` can raise, before any change.
-        """
-        kept = self._keeps(node)
+        """Free leaf ``node``'s device blocks ``ids`` (no request holds them) and delete the node;
+        return the blocks freed. A template step (the hooks below): a tier below may keep
+        the node instead, raising (if at all) before any change."""
         node.entry = None
-        parent = node.parent
-        self._order.on_evict(parent, node, not kept)
+        self._order.on_evict(node.parent, node, True)
+        freed = self._release(node, ids)
+        self._unlink(node)
+        return freed
+
+    def _release(self, node: _Node, ids: np.ndarray) -> int:
+        """Give back the tree's references on ``node``'s device blocks ``ids``; return the blocks
+        freed. The caller takes the node's blocks and index entry."""
         freed = self._alloc.decref_distinct(ids)
         kernels.set_flags(self._held, ids, False)
         self._num_cached -= len(ids)
         self._events.removed(node)
-        if kept:
-            node.blocks = b""
-            if parent.parent is not None and parent.entry is None and not _has_device_child(parent):
-                self._index(parent)
-            self._on_offload(node)
-        else:
-            self._drop_below(node)
-            self._unlink(node)
         return freed
 
     def _unlink(self, node: _Node) -> None:
-        """Delete ``node`` (no device blocks of its own left, no children) from its parent and
-        re-file the parent: a device leaf when it has no device child left, ``_on_offload``
-        when it has no device blocks and no children; a root goes with its last child."""
+        """Delete ``node`` (no device blocks of its own left, no children) from its parent;
+        file the parent if it became a leaf; a root goes with its last child. A template
+        step: a tier below also deletes what it keeps of the node and files the parent
+        as its own candidate."""
         parent = node.parent
         del parent.children[node.key[: self._block_bytes]]  # a parent's children are a dict
         node.parent = None
@@ -666,17 +603,13 @@ class RadixCache:
             parent.children = _NO_CHILDREN
             if parent.parent is None:  # the namespace holds nothing more: forget it
                 del self._roots[parent.ns_key]
-            elif not parent.blocks:
-                self._on_offload(parent)
-            elif parent.entry is None:
-                self._index(parent)
-        elif (
-            parent.parent is not None
-            and parent.blocks
-            and parent.entry is None
-            and not _has_device_child(parent)
-        ):
-            self._index(parent)
+                return
+        self._file_leaf(parent)
+
+    def _file_leaf(self, node: _Node) -> None:
+        """Index ``node`` if it is a leaf (device blocks, no child with any) and unindexed."""
+        if node.blocks and node.entry is None and not has_device_child(node):
+            self._index(node)
 
     def reset(self) -> None:
         """Drop the tree's reference on every block it holds and empty the tree.
@@ -686,7 +619,6 @@ class RadixCache:
         Complexity: O(cached blocks).
         """
         release_held(self._alloc, self._held)
-        self._on_reset()
         self._events.cleared()
         self._roots.clear()
         self._leaves.clear()
@@ -695,108 +627,37 @@ class RadixCache:
         self._pins.clear()
         self._order.on_reset()
 
-    # ------------------------------------------------------- tiers below the device
-    def load(
-        self, tokens: TokenSeq, namespace: Hashable = None, *, stats: bool = True
-    ) -> MatchResult:
-        """``match``, then bring the part of the prefix held only below the device back to it.
-
-        This tree has no tier below the device, so this is ``match``; with a host
-        tier (``radixkv.cache.tiered.TieredRadixCache.load``) it copies the
-        host-only part back. Complexity: as ``match``.
-        """
-        return self.match(tokens, namespace, stats=stats)
-
-    def evict_host(self, num_blocks: int) -> int:
-        """Free at least ``num_blocks`` host blocks if that many can go, else all it can.
-
-        0 here: no host tier (``TieredRadixCache.evict_host`` frees). ``ValueError``/
-        ``TypeError`` for a bad ``num_blocks``. Complexity: O(1).
-        """
-        check_num_blocks(num_blocks)
-        return 0
-
-    def _promote(self, nodes: list[_Node], new: np.ndarray) -> np.ndarray:
-        """Give ``nodes`` (top-down, a chain, no device blocks) the caller's ``new`` blocks.
-
-        An insert computed these positions again; the nodes become device-resident
-        (a tier below keeps its copy). Returns the blocks past them. The caller
-        takes the references, flags and counts, as for any adopted block.
-        """
-        at = 0
-        for node in nodes:
-            k = node.num_blocks
-            self._attach(node, new[at : at + k])
-            at += k
-        return new[at:]
-
-    def _attach(self, node: _Node, ids: np.ndarray) -> None:
-        """Make ``node`` (no device blocks) device-resident on ``ids`` (its parent is, or is a
-        root). The caller takes the references, flags and counts."""
-        node.blocks = ids.tobytes()
-        parent = node.parent
-        if parent.entry is not None:
-            self._forget_entry(parent)  # it has a device child now
-        self._index(node)  # its children, if any, have no device blocks
-        self._on_attach(node)
-        self._events.stored(node)
+    # --------------------------------------------------------- template hooks
+    # Where a tier below the device acts (radixkv.cache.tiered overrides each). Here each is
+    # the tree alone: a no-op, or the whole walk. ``_evict_leaf`` and ``_unlink`` above are
+    # steps such a subclass extends.
+    def _claim_pools(self) -> None:
+        """Claim the pools this cache holds references in (``BlockAllocator._claim``), the
+        constructor's last step: a tier below claims its own first, then the device's."""
+        self._alloc._claim(self, self._held)
 
     def _device_part(
         self, path: list[_Node], pos: int, split_child: _Node | None, split_at: int
     ) -> tuple[list[_Node], int, _Node | None, int]:
-        """A ``_walk`` result cut to its device-resident part: the nodes down to the first one
-        with no device blocks, their length in bytes, and the split only if its node is on
-        the device. The walk as it is when every node is (always, without tiers below)."""
-        for i, node in enumerate(path):
-            if not node.blocks:
-                return path[:i], path[i - 1].depth_end * _TOKEN_BYTES if i else 0, None, 0
-        if split_child is not None and not split_child.blocks:
-            return path, pos - split_at * self._block_bytes, None, 0
+        """A ``_walk`` result cut to its part on the device (what ``insert`` has cached and
+        ``pin`` may pin): all of it here."""
         return path, pos, split_child, split_at
 
-    # ------------------------------------------- template hooks: the tiers below the device
-    # No-ops here (no tier below the device); radixkv.cache.tiered overrides each.
-    def _init_tiers(self, host: HostTier | None) -> None:
-        """Set up the tiers from ``host``, raising as the constructor documents; only ``_alloc``
-        of the tree's state exists yet."""
-        if host is not None:
-            raise TypeError(
-                f"host must be None for {type(self).__name__}: a host tier needs "
-                f"RadixCache(..., host=tier) or TieredRadixCache, got {type(host).__name__}"
-            )
-
-    def _claim_tiers(self) -> None:
-        """Claim the tiers' own pools (``BlockAllocator._claim``), just before the device's."""
+    def _promote(self, nodes: list[_Node], new: np.ndarray) -> np.ndarray:
+        """``insert`` walked through ``nodes`` (past ``_device_part``, top-down): they take the
+        first of the caller's ``new`` blocks; return the rest. The caller takes the
+        references, flags and counts. Here the walk is all on the device: none."""
+        invariant(not nodes, "insert met nodes off the device in a tree with no tier below it")
+        return new
 
     def _on_split(self, head: _Node, tail: _Node, k: int) -> None:
-        """``head`` took the first ``k`` blocks of ``tail``: split the tiers' copies alike."""
+        """``head`` took the first ``k`` blocks of ``tail``: a tier below splits its part alike."""
 
     def _on_new_leaf(self, leaf: _Node) -> None:
         """``insert`` made ``leaf`` and the tree is whole; may raise (the leaf stays cached)."""
 
-    def _keeps(self, node: _Node) -> bool:
-        """Eviction takes leaf ``node``'s device blocks: whether a tier below keeps the node
-        (else it is deleted). May raise, before any change."""
-        return False
-
-    def _on_offload(self, node: _Node) -> None:
-        """``node`` has no device blocks now (evicted, or it lost its last child)."""
-
-    def _drop_below(self, node: _Node) -> None:
-        """Eviction deletes leaf ``node``: delete the nodes below it (all below the device)."""
-
-    def _on_attach(self, node: _Node) -> None:
-        """``node`` is device-resident again (``_attach``)."""
-
     def _on_freed(self, ids: np.ndarray) -> None:
         """``evict`` just freed device blocks ``ids``; may raise (the tree is whole)."""
-
-    def _on_reset(self) -> None:
-        """``reset`` drops every node: the tiers give back their blocks."""
-
-    def _check_tiers(self, nodes: list[_Node]) -> None:
-        """The tiers' invariants over every node (``check``): here, that none has a copy."""
-        invariant(all(n.host is None for n in nodes), "a node has a host copy with no host tier")
 
     # ------------------------------------------------------------- internals
     def _root_of(self, namespace: Hashable) -> _Root | None:
@@ -856,10 +717,9 @@ class RadixCache:
     def _split(self, node: _Node, k: int) -> _Node:
         """Split ``node`` after its first ``k`` blocks; return the new head.
 
-        The head takes the node's place under its parent; the node object
-        itself becomes the tail, keeping its children (so they need no
-        re-parenting), its depth_end and its leaf-index entry. The events, the
-        order and the tiers below (``_on_split``) split their parts of the node alongside.
+        The head takes the node's place under its parent; the node object itself becomes
+        the tail, keeping its children, its depth_end and its leaf-index entry. The events,
+        the order and a tier below (``_on_split``) split their parts alongside.
         """
         bb = self._block_bytes
         cut = k * bb
@@ -910,21 +770,16 @@ class RadixCache:
     def check(self) -> None:
         """Verify the tree's invariants (docs/design.md, 1-4 and 7, as far as the tree sees them).
 
-        Raises ``InvariantError`` naming the first broken one (never built on
-        ``assert``: ``python -O`` checks too): the nodes' structure and, with
-        events on, their digests (``inspection.check_structure``), the leaf
-        index, the pins (``Pins.check``), the eviction order's own state
-        (``EvictionOrder.check``), the held blocks and their count, the tiers
-        below the device (``_check_tiers``: without any, that no node has a host
-        copy), and the allocator.
-        Complexity: O(nodes + cached blocks + num_blocks), plus hashing every
-        cached token with events on.
+        ``InvariantError`` (also under ``python -O``) naming the first broken one of: the
+        structure and digests (``inspection.check_structure``), the leaf index, the pins,
+        the eviction order's state, the held blocks and their count, the allocator.
+        Complexity: O(nodes + cached blocks + num_blocks), plus rehashing with events on.
         """
         nodes = inspection.check_structure(self._roots, self._block_bytes, self._events)
         key_of = self._order.key
         leaves = 0
         for node in nodes:
-            if not node.blocks or _has_device_child(node):
+            if not node.blocks or has_device_child(node):
                 invariant(node.entry is None, "an interior or host-only node is in the leaf index")
                 continue
             leaves += 1
@@ -948,7 +803,6 @@ class RadixCache:
         blocks = np.concatenate([n.block_ids() for n in nodes]) if nodes else _EMPTY_BLOCKS
         invariant(len(np.unique(blocks)) == len(blocks), "a block is held by two nodes")
         invariant(len(blocks) == self._num_cached, "cached_blocks count is off")
-        self._check_tiers(nodes)
         invariant(
             not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
             "a node holds a block id out of range",
@@ -968,19 +822,10 @@ class RadixCache:
         rc = self._alloc.refcount_array
         return inspection.render(header, self._roots.values(), rc, max_tokens, max_blocks)
 
-    def __str__(self) -> str:
-        return self.pretty()
+    __str__ = pretty
 
     def __repr__(self) -> str:
         return (
             f"RadixCache(block_size={self._bs}, eviction={self.eviction!r}, "
             f"cached_blocks={self._num_cached})"
         )
-
-
-def _has_device_child(node: _Node) -> bool:
-    for child in node.children.values():
-        if child.blocks:
-            return True
-    return False
-

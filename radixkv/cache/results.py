@@ -17,7 +17,7 @@ class MatchResult:
     reference on each block belongs to whoever received this result.
     ``num_tokens == len(blocks) * block_size``. ``host_num_tokens`` is what a
     cache with a host tier holds past those, in host memory only (0 otherwise):
-    ``RadixCache.load`` brings it back to the device. ``loaded_num_tokens`` is
+    ``TieredRadixCache.load`` brings it back to the device. ``loaded_num_tokens`` is
     the part of ``num_tokens`` that ``load`` did bring back (the last
     ``loaded_num_tokens // block_size`` blocks); 0 from ``match``.
     ``store_num_tokens`` is what a cache with a store tier below the host

@@ -1,25 +1,31 @@
 """TieredRadixCache: the radix tree with tiers below the device (host memory; HiCache-style).
 
-``TieredRadixCache(allocator, host=HostTier(...))`` (or, the same thing,
-``RadixCache(allocator, host=HostTier(...))``) is a subclass of the tree, as
-SGLang's ``HiRadixCache`` is: it owns all of the tiers' state and overrides the
-tree's template hooks (no-ops in ``radixkv.cache.radix``) and its ``match``,
-``peek``, ``load`` and ``evict_host``; the base tree stays whole. What each
-write policy means is ``radixkv.cache.host``'s docstring.
+``TieredRadixCache(allocator, host=HostTier(...))`` (or ``make_cache("radix", ...,
+host=...)``) is a subclass of the tree, as SGLang's ``HiRadixCache`` is: it owns all
+of the tiers' state, overrides the tree's template hooks (no-ops in
+``radixkv.cache.radix``) and has its own ``match``, ``peek``, ``load``, ``evict_host``,
+``reset`` and ``check``; the base tree stays whole. What each write policy means is
+``radixkv.cache.host``'s docstring.
 
 **The chain of tiers.** Residency goes down a chain: the device (a node's
 ``blocks``), then the host (``Node.host``, a copy in the host pool). A node
 below the device keeps its place in the tree with ``blocks == b""``; device
 nodes form a root-connected subtree, and every node a lower tier keeps is one
-the tier above dropped or mirrored. The tree calls one hook per event
-(a split, a new leaf, a device eviction that a lower tier may keep, a node that
-became non-resident or resident again, freed blocks, reset, check), and this
-class forwards each event down the chain: the host, and below it the store
-tier (``HostTier.store``, ``radixkv.cache.store.tier``; ``NoStore`` when there
-is none): ``match`` asks it for the run past the host prefix, ``load`` brings
-that run through the host, host eviction writes a deleted host-only leaf to it
-first (``write_back``) or a backup writes through to it (``write_through``). It
-needed no change to ``radixkv.cache.radix``.
+the tier above dropped or mirrored. The tree calls one hook per event (a
+split, a new leaf, a device leaf evicted or unlinked, freed blocks, the walk's
+device part, an insert through nodes off the device), and this class forwards
+each event down the chain: the host, and below it the store tier
+(``HostTier.store``, ``radixkv.cache.store.tier``; ``NoStore`` when there is none).
+
+**Where a tier below the host plugs in** (a KV store on local disk or a
+distributed store: does a run of blocks exist, batched put and get, keyed by
+the chained block hashes), all in this class and none in ``radixkv.cache.radix``:
+host eviction (``_evict_host``: a deleted host-only leaf is written to the store
+first under ``write_back``), backup (``_backup``: written through to the store
+under ``write_through``), ``match`` (asks the store for the run past the host
+prefix) and ``load`` (brings that run through the host); the store also splits
+its digests with a node (``_on_split``), claims itself with the pools and adds
+its own invariants to ``check``.
 
 **The host tier's state** (all of it here): the host pool's held-block map,
 the host eviction index over two kinds of candidates (host-only leaves,
@@ -32,6 +38,7 @@ meanwhile).
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import replace
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -40,28 +47,30 @@ from radixkv.cache import kernels
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq, as_token_array
 from radixkv.cache.events import HOST_MEDIUM
-from radixkv.cache.eviction import make_eviction_order
+from radixkv.cache.eviction import EvictionOrder, make_eviction_order
+from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
 from radixkv.cache.node import EMPTY_BLOCKS, ID_BYTES, NO_CHILDREN, TOKEN_BYTES, Node, Root
 from radixkv.cache.prefix_cache import check_num_blocks, release_held
 from radixkv.cache.radix import RadixCache
-from radixkv.cache.results import MatchResult
+from radixkv.cache.results import CacheStats, MatchResult
 from radixkv.cache.store.tier import DIGEST_BYTES, NO_STORE, NoStore, StoreTier
 from radixkv.errors import invariant
 
 __all__ = ["TieredRadixCache", "check_host_tier"]
 
 
-def check_host_tier(host: object, allocator: BlockAllocator) -> None:
+def check_host_tier(host: object, allocator: object) -> None:
     """``TypeError``/``ValueError`` naming ``host`` unless it is a ``HostTier`` whose pool is
-    its own and has ``allocator``'s block size."""
+    its own and has ``allocator``'s block size (when ``allocator`` is a ``BlockAllocator``:
+    the tree's constructor names any other)."""
     if host is None:
         raise TypeError("host must be a HostTier for a TieredRadixCache, got None")
     if not isinstance(host, HostTier):
         raise TypeError(f"host must be a HostTier or None, got {type(host).__name__}")
     if host.allocator is allocator:
         raise ValueError("host.allocator must be a pool of its own, not the device's")
-    if host.allocator.block_size != allocator.block_size:
+    if isinstance(allocator, BlockAllocator) and host.allocator.block_size != allocator.block_size:
         raise ValueError(
             f"host.allocator.block_size must equal the device pool's "
             f"{allocator.block_size}, got {host.allocator.block_size}"
@@ -78,12 +87,16 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
     blocks, a host copy or both, and:
 
     - ``match`` stops at the device boundary and reports the host-only tokens past
-      it (``MatchResult.host_num_tokens``); ``load`` copies them back;
+      it (``MatchResult.host_num_tokens``); ``load`` copies them back (this class is
+      a ``LoadingCache``: the KV manager looks prefixes up through ``load``);
+    - ``insert`` gives host-only nodes on its path the caller's blocks again; under
+      ``write_through`` with 0 hits it backs the new leaf up at once (a copier that
+      raises leaves the leaf cached, without a host copy);
     - ``evict`` keeps a node that has (or, under ``write_back``, gets now) a host
       copy as a host-only node; one that cannot be backed up is deleted with its
       host-only subtree and counted in ``skipped_backup_blocks``;
-    - ``evict_host`` frees host blocks; ``check`` adds the tiers' invariants
-      (docs/design.md, invariant 9).
+    - ``evict_host`` frees host blocks; ``stats.host_blocks`` counts the host blocks
+      in use; ``check`` adds the tiers' invariants (docs/design.md, invariant 9).
 
     >>> alloc = BlockAllocator(num_blocks=4, block_size=2)
     >>> cache = TieredRadixCache(alloc, "lru", host=HostTier(BlockAllocator(8, 2)))
@@ -102,6 +115,30 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
     0
     """
 
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        eviction: str | EvictionOrder = "level",
+        *,
+        host: HostTier | None = None,
+        events: ChainHasher | None = None,
+        max_pinned_blocks: int | None = None,
+    ) -> None:
+        check_host_tier(host, allocator)
+        self._tier = host
+        self._host_alloc = host.allocator
+        self._copier = host.copier
+        self._host_order = make_eviction_order(host.eviction)
+        self._host_held = np.zeros(host.allocator.num_blocks, dtype=np.bool_)
+        self._host_leaves = SortedList()  # host eviction candidates: (*key, uid, node)
+        self._host_uid = 0
+        self._write_through = host.write_policy == "write_through"
+        self._write_through_hits = host.write_through_hits
+        self._loading: set[Node] = set()  # nodes a load is bringing in: never deleted
+        self._store: StoreTier | NoStore = NO_STORE if host.store is None else host.store
+        # the tree's own arguments and state; it claims both pools last (_claim_pools)
+        super().__init__(allocator, eviction, events=events, max_pinned_blocks=max_pinned_blocks)
+
     # ------------------------------------------------------------ properties
     @property
     def host(self) -> HostTier:
@@ -112,6 +149,11 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
     def host_cached_blocks(self) -> int:
         """Host blocks holding a copy of some node. Complexity: O(1)."""
         return self._tier.used_blocks
+
+    @property
+    def stats(self) -> CacheStats:
+        """``RadixCache.stats``, and ``host_blocks``: the host blocks holding a copy now."""
+        return replace(super().stats, host_blocks=self._tier.used_blocks)
 
     @property
     def store(self) -> StoreTier | None:
@@ -320,9 +362,51 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         if parent.children is NO_CHILDREN:
             parent.children = {}
         parent.children[data[: self._block_bytes]] = leaf
-        self._on_offload(leaf)
+        self._host_index(leaf)  # a host-only leaf: a host eviction candidate
         self._events.stored(leaf, HOST_MEDIUM)
         return leaf
+
+
+    # ------------------------------------------------- nodes back on the device
+    def _device_part(
+        self, path: list[Node], pos: int, split_child: Node | None, split_at: int
+    ) -> tuple[list[Node], int, Node | None, int]:
+        """A ``_walk`` result cut to its device-resident part: the nodes down to the first one
+        with no device blocks, their length in bytes, and the split only if its node is on
+        the device."""
+        for i, node in enumerate(path):
+            if not node.blocks:
+                return path[:i], path[i - 1].depth_end * TOKEN_BYTES if i else 0, None, 0
+        if split_child is not None and not split_child.blocks:
+            return path, pos - split_at * self._block_bytes, None, 0
+        return path, pos, split_child, split_at
+
+    def _promote(self, nodes: list[Node], new: np.ndarray) -> np.ndarray:
+        """Give ``nodes`` (top-down, a chain, no device blocks) the caller's ``new`` blocks.
+
+        An insert computed these positions again; the nodes become device-resident
+        (the host keeps its copy). Returns the blocks past them. The caller
+        takes the references, flags and counts, as for any adopted block.
+        """
+        at = 0
+        for node in nodes:
+            k = node.num_blocks
+            self._attach(node, new[at : at + k])
+            at += k
+        return new[at:]
+
+    def _attach(self, node: Node, ids: np.ndarray) -> None:
+        """Make ``node`` (no device blocks) device-resident on ``ids`` (its parent is, or is a
+        root): a leaf of the tree, and with its host copy a mirror, a host eviction
+        candidate. The caller takes the references, flags and counts."""
+        node.blocks = ids.tobytes()
+        parent = node.parent
+        if parent.entry is not None:
+            self._forget_entry(parent)  # it has a device child now
+        self._index(node)  # its children, if any, have no device blocks
+        if node.host_entry is None:
+            self._host_index(node)
+        self._events.stored(node)
 
     # ------------------------------------------------------------ host eviction
     def evict_host(self, num_blocks: int) -> int:
@@ -419,23 +503,11 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
             self._host_leaves = SortedList(e for e in leaves if e[-1].host_entry is e)
 
     # ------------------------------------------- the tree's template hooks, for the host
-    def _init_tiers(self, host: HostTier | None) -> None:
-        check_host_tier(host, self._alloc)
-        self._tier = host
-        self._host_alloc = host.allocator
-        self._copier = host.copier
-        self._host_order = make_eviction_order(host.eviction)
-        self._host_held = np.zeros(host.allocator.num_blocks, dtype=np.bool_)
-        self._host_leaves = SortedList()  # host eviction candidates: (*key, uid, node)
-        self._host_uid = 0
-        self._write_through = host.write_policy == "write_through"
-        self._write_through_hits = host.write_through_hits
-        self._loading: set[Node] = set()  # nodes a load is bringing in: never deleted
-        self._store: StoreTier | NoStore = NO_STORE if host.store is None else host.store
-
-    def _claim_tiers(self) -> None:
+    def _claim_pools(self) -> None:
+        """The store and the host pool first, then the device's (the tree's)."""
         self._store.claim(self)
         self._host_alloc._claim(self, self._host_held)
+        super()._claim_pools()
 
     def _on_split(self, head: Node, tail: Node, k: int) -> None:
         """A host copy (and the store digests) split at the same boundary as the node."""
@@ -452,17 +524,39 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         if self._write_through and not self._write_through_hits:
             self._backup(leaf)
 
-    def _keeps(self, node: Node) -> bool:
-        """Under ``write_back`` a node without a copy is backed up now; one that cannot be
-        (no host space even after host eviction) counts in ``skipped_backup_blocks``."""
+    def _evict_leaf(self, node: Node, ids: np.ndarray) -> int:
+        """A leaf with a host copy stays, host-only (a host eviction candidate once it has no
+        children). Under ``write_back`` a node without a copy is backed up now; one that
+        cannot be (no host space even after host eviction) counts in
+        ``skipped_backup_blocks`` and is deleted as in the tree, with the nodes below it."""
         if node.host is None and not self._write_through and not self._backup(node):
             self._stats.skipped_backup_blocks += node.num_blocks
-        return node.host is not None
-
-    def _on_offload(self, node: Node) -> None:
-        """A host-only node is a host eviction candidate once it has no children."""
+        if node.host is None:
+            return super()._evict_leaf(node, ids)
+        node.entry = None
+        parent = node.parent
+        self._order.on_evict(parent, node, False)
+        freed = self._release(node, ids)
+        node.blocks = b""
+        self._file_leaf(parent)
         if not node.children and node.host_entry is None:
             self._host_index(node)
+        return freed
+
+    def _unlink(self, node: Node) -> None:
+        """Also delete the nodes below ``node`` (all host-only: its device blocks went), and
+        file a host-only parent left with no children as a host eviction candidate."""
+        if node.children:
+            self._drop_below(node)
+        parent = node.parent
+        super()._unlink(node)
+        if (
+            parent.parent is not None
+            and not parent.blocks
+            and not parent.children
+            and parent.host_entry is None
+        ):
+            self._host_index(parent)
 
     def _drop_below(self, node: Node) -> None:
         """Delete every node below ``node`` (all host-only, as its device blocks are going)."""
@@ -476,29 +570,27 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
             stack.extend(child.children.values())
         node.children = NO_CHILDREN
 
-    def _on_attach(self, node: Node) -> None:
-        """A node back on the device keeps its copy: a mirror, a host eviction candidate."""
-        if node.host_entry is None:
-            self._host_index(node)
-
     def _on_freed(self, ids: np.ndarray) -> None:
         """The copier may poison the freed device blocks (``BlockCopier.discard``)."""
         self._copier.discard(ids)
 
-    def _on_reset(self) -> None:
-        """Every host block goes back."""
+    def reset(self) -> None:
+        """``RadixCache.reset``; every host block goes back too."""
+        super().reset()
         release_held(self._host_alloc, self._host_held)
         self._host_leaves.clear()
 
-    def _check_tiers(self, nodes: list[Node]) -> None:
-        """The host tier's invariants over every node (docs/design.md, invariant 9).
+    def check(self) -> None:
+        """``RadixCache.check``, then the host tier's invariants (docs/design.md, invariant 9).
 
         Device nodes form a root-connected subtree, an evicted node has a host
         copy spanning its tokens, host blocks are distinct and held by the tree
         alone, every host candidate is indexed, no node is marked loading
         outside a load, and the host allocator's own.
-        Complexity: O(nodes + host blocks).
+        Complexity: O(nodes + cached and host blocks + both pools).
         """
+        super().check()
+        nodes = list(self._iter_nodes())
         bb = self._block_bytes
         invariant(not self._loading, "nodes are still marked loading outside a load")
         live = set(map(id, self._host_leaves))

@@ -16,7 +16,7 @@ a split moves no block and records nothing.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -110,9 +110,16 @@ class TreeEvents:
         """Record a reset."""
         self.log.cleared()
 
-    def wire_hashes(self, node: Node) -> list[int]:
-        """The wire hashes of ``node``'s blocks, in order."""
-        return self.hasher.wire_list(node.digests)
+    def block_hashes(self, nodes: Iterable[Node], medium: str) -> list[int]:
+        """The wire hashes of the blocks ``nodes`` hold in ``medium``: their device blocks for
+        ``"GPU"``, their host copies for ``"CPU"``; node by node, in order."""
+        wire_list = self.hasher.wire_list
+        device = medium == MEDIUM
+        out: list[int] = []
+        for node in nodes:
+            if node.blocks if device else node.host is not None:
+                out += wire_list(node.digests)
+        return out
 
     def check(self, parent: Node, child: Node) -> None:
         """``InvariantError`` unless ``child``'s digests are a fresh hash of its chain below
@@ -174,7 +181,7 @@ class NoTreeEvents:
     def cleared(self) -> None:
         """Records nothing."""
 
-    def wire_hashes(self, node: Node) -> list[int]:
+    def block_hashes(self, nodes: Iterable[Node], medium: str) -> list[int]:
         raise ValueError("wire hashes need events on (events=ChainHasher(...))")
 
     def check(self, parent: Node, child: Node) -> None:

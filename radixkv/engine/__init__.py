@@ -20,7 +20,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from radixkv.engine.request import Request, RequestStats, SamplingParams
-from radixkv.engine.scheduler import ADMISSION_POLICIES, Scheduler, SchedulerConfig
+from radixkv.engine.scheduler import SCHEDULE_POLICIES, Scheduler, SchedulerConfig
 from radixkv.engine.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ _MOVED_NAMES = {
 }
 
 __all__ = [
-    "ADMISSION_POLICIES",
+    "SCHEDULE_POLICIES",
     "Completion",
     "Engine",
     "EngineConfig",

@@ -56,7 +56,7 @@ from radixkv.engine.request import (
 )
 from radixkv.engine.sampler import Sampler
 from radixkv.engine.scheduler import (
-    ADMISSION_POLICIES,
+    SCHEDULE_POLICIES,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
@@ -92,8 +92,9 @@ class EngineConfig:
       engine is built.
     - ``cache``: ``"radix"`` (:class:`~radixkv.RadixCache`), ``"hash"``
       (:class:`~radixkv.HashBlockCache`) or None (no caching: a ``NullCache``).
-    - ``policy``: admission order, ``"fcfs"`` or ``"lpm"``; under lpm a request
-      that has waited ``lpm_max_wait_steps`` steps goes ahead of the others.
+    - ``schedule_policy``: admission order (SGLang's ``--schedule-policy``),
+      ``"fcfs"`` or ``"lpm"``; under lpm a request that has waited
+      ``lpm_max_wait_steps`` steps goes ahead of the others.
     - ``eviction``: the radix cache's eviction order, a name in
       ``radixkv.cache.eviction.EVICTION_ORDERS`` (``"level"``, ``"lru"``, ``"lfu"``,
       ``"fifo"``, ``"priority"``, ``"lrfu"``, ``"deep"``, ``"ghost"``).
@@ -128,7 +129,7 @@ class EngineConfig:
     kv_memory_bytes: int = 256 << 20
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
-    policy: str = "fcfs"
+    schedule_policy: str = "fcfs"
     lpm_max_wait_steps: int = 100
     cache: str | None = "radix"
     eviction: str = "level"
@@ -166,8 +167,10 @@ class EngineConfig:
             object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.cache not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}, got {self.cache!r}")
-        if self.policy not in ADMISSION_POLICIES:
-            raise ValueError(f"policy must be one of {ADMISSION_POLICIES}, got {self.policy!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
         if self.kv_dtype is not None and not (
             isinstance(self.kv_dtype, torch.dtype) and self.kv_dtype.is_floating_point
         ):
@@ -316,7 +319,7 @@ class Engine:
             SchedulerConfig(
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_num_seqs=cfg.max_num_seqs,
-                policy=cfg.policy,
+                schedule_policy=cfg.schedule_policy,
                 lpm_max_wait_steps=cfg.lpm_max_wait_steps,
                 # waiting for a running request's prefill only pays when its blocks get cached
                 wait_for_shared_prefill=cfg.cache is not None or cache_factory is not None,

@@ -53,7 +53,7 @@ from radixkv.engine.request import FinishReason, Request, RequestStatus
 from radixkv.errors import InvariantError
 
 __all__ = [
-    "ADMISSION_POLICIES",
+    "SCHEDULE_POLICIES",
     "PrefixReader",
     "ReadWholePrefix",
     "ScheduledSeq",
@@ -62,7 +62,7 @@ __all__ = [
     "SchedulerOutput",
 ]
 
-ADMISSION_POLICIES = ("fcfs", "lpm")
+SCHEDULE_POLICIES = ("fcfs", "lpm")
 # lpm ranks the queue by each request's cached prefix (a side-effect-free peek);
 # beyond this many waiting requests it falls back to fcfs, as SGLang does.
 LPM_MAX_QUEUE = 128
@@ -75,7 +75,7 @@ class SchedulerConfig:
     - ``max_num_batched_tokens``: token budget of one step, shared by decodes
       and prefill chunks (a longer prompt prefills over several steps).
     - ``max_num_seqs``: most requests running at once.
-    - ``policy``: the admission order, ``"fcfs"`` (arrival order) or ``"lpm"``
+    - ``schedule_policy``: the admission order, ``"fcfs"`` (arrival order) or ``"lpm"``
       (longest cached prefix first, arrival order among equals).
     - ``lpm_max_wait_steps``: under ``lpm``, a request that has waited this
       many steps (``schedule`` calls since it entered the queue, or re-entered
@@ -89,15 +89,17 @@ class SchedulerConfig:
 
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
-    policy: str = "fcfs"
+    schedule_policy: str = "fcfs"
     lpm_max_wait_steps: int = 100
     wait_for_shared_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "lpm_max_wait_steps"):
             object.__setattr__(self, name, check_int(name, getattr(self, name), low=1))
-        if self.policy not in ADMISSION_POLICIES:
-            raise ValueError(f"policy must be one of {ADMISSION_POLICIES}, got {self.policy!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
         wait = check_bool("wait_for_shared_prefill", self.wait_for_shared_prefill)
         object.__setattr__(self, "wait_for_shared_prefill", wait)
 
@@ -322,27 +324,27 @@ class Scheduler:
         its cached prefix peeked) is not looked up; one that is looked up and
         still finds too few blocks keeps its matched prefix (the held request).
         """
-        cfg, kv, bs = self.config, self.kv_manager, self.block_size
+        cfg, manager, bs = self.config, self.kv_manager, self.block_size
         admitted: set[int] = set()
         for req in self._admission_order():
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
                 break
             if req is self._held:
-                cached = len(kv.block_table(req.request_id)) * bs
+                cached = len(manager.block_table(req.request_id)) * bs
             elif self._waits_for_prefill(req):
                 continue
             else:
-                peeked = kv.num_cached_tokens(req.tokens, req.namespace)
+                peeked = manager.num_cached_tokens(req.tokens, req.namespace)
                 stop = min(req.num_tokens, peeked + budget)
-                if not kv.may_allocate(kv.num_blocks_for(stop) - peeked // bs):
+                if not manager.may_allocate(manager.num_blocks_for(stop) - peeked // bs):
                     break
-                cached = kv.match_prefix(req.request_id, req.tokens, req.namespace)
+                cached = manager.match_prefix(req.request_id, req.tokens, req.namespace)
                 usable = self.prefix_reader.usable_blocks(req, cached // bs)
                 if usable * bs < cached:
-                    kv.trim(req.request_id, usable)
+                    manager.trim(req.request_id, usable)
                     cached = usable * bs
             n = min(req.num_tokens - cached, budget)
-            if not kv.allocate_slots(req.request_id, cached + n):
+            if not manager.allocate_slots(req.request_id, cached + n):
                 self._held = req
                 break
             self._held = None
@@ -367,7 +369,7 @@ class Scheduler:
         """
         held = self._held
         waiting = [r for r in self.waiting if r is not held]
-        if self.config.policy == "lpm" and 1 < len(waiting) <= LPM_MAX_QUEUE:
+        if self.config.schedule_policy == "lpm" and 1 < len(waiting) <= LPM_MAX_QUEUE:
             waiting = self._lpm_order(waiting)
         return waiting if held is None else [held, *waiting]
 
@@ -422,7 +424,7 @@ class Scheduler:
         if len(next_tokens) != len(out.seqs):
             raise ValueError(f"need {len(out.seqs)} next tokens, got {len(next_tokens)}")
         now = self.clock()
-        kv = self.kv_manager
+        manager = self.kv_manager
         finished: list[Request] = []
         for seq, token in zip(out.seqs, next_tokens, strict=True):
             req = seq.request
@@ -433,17 +435,17 @@ class Scheduler:
             req.num_decode_tokens += seq.num_new_tokens - prefill
             req.num_computed_tokens = seq.stop
             if prefill:
-                kv.cache_blocks(req.request_id, seq.stop)
+                manager.cache_blocks(req.request_id, seq.stop)
             if not seq.samples:
                 continue
             if token is None:
                 raise ValueError(f"request {req.request_id} reached its last token: need a token")
             req.append_token(int(token))
-            kv.append_output_tokens(req.request_id, req.tokens[-1:])  # int32: no conversion
+            manager.append_output_tokens(req.request_id, req.tokens[-1:])  # int32: no conversion
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.finish_reason is not None:
-                kv.free(req.request_id)
+                manager.free(req.request_id)
                 req.status = RequestStatus.FINISHED
                 req.finish_time = now
                 self.running.remove(req)
@@ -463,37 +465,37 @@ class Scheduler:
         requests and the cache hold. Complexity: O(num_blocks + held blocks +
         running requests' tokens).
         """
-        kv = self.kv_manager
+        manager = self.kv_manager
         for req in self.running:
             if req.status is not RequestStatus.RUNNING:
                 raise InvariantError(f"{req} is in the running queue")
-            if req.request_id not in kv:
+            if req.request_id not in manager:
                 raise InvariantError(f"{req} runs without blocks")
-            if len(kv.block_table(req.request_id)) * self.block_size < req.num_computed_tokens:
+            if len(manager.block_table(req.request_id)) * self.block_size < req.num_computed_tokens:
                 raise InvariantError(f"{req}'s blocks do not cover its computed tokens")
-            if kv.num_computed_tokens(req.request_id) != req.num_computed_tokens:
+            if manager.num_computed_tokens(req.request_id) != req.num_computed_tokens:
                 raise InvariantError(f"the manager counts other computed tokens than {req}")
-            kept = kv.tokens(req.request_id)
+            kept = manager.tokens(req.request_id)
             if kept.shape != req.tokens.shape or not (kept == req.tokens).all():
                 raise InvariantError(f"the manager keeps other tokens than {req}'s")
         for req in self.waiting:
             if req.status is not RequestStatus.WAITING:
                 raise InvariantError(f"{req} is in the waiting queue")
-            if req.num_computed_tokens or (req.request_id in kv and req is not self._held):
+            if req.num_computed_tokens or (req.request_id in manager and req is not self._held):
                 raise InvariantError(f"{req} waits while holding blocks")
         held = self._held
         if held is not None:
             if held.status is not RequestStatus.WAITING or held not in self.waiting:
                 raise InvariantError(f"held {held} is not waiting")
-            if held.request_id not in kv:
+            if held.request_id not in manager:
                 raise InvariantError(f"held {held} holds no matched prefix")
-            if len(kv.block_table(held.request_id)) * self.block_size >= held.num_tokens:
+            if len(manager.block_table(held.request_id)) * self.block_size >= held.num_tokens:
                 raise InvariantError(f"held {held} holds more than a matched prefix")
         if len(self.running) > self.config.max_num_seqs:
             raise InvariantError("more requests run than max_num_seqs")
-        if kv.num_requests != len(self.running) + (held is not None):
+        if manager.num_requests != len(self.running) + (held is not None):
             raise InvariantError(
-                f"kv holds {kv.num_requests} requests; {len(self.running)} run and "
+                f"the manager holds {manager.num_requests} requests; {len(self.running)} run and "
                 f"{int(held is not None)} is held"
             )
         if len(self._unfinished) != len(self.running) + len(self.waiting) or any(
@@ -502,4 +504,4 @@ class Scheduler:
             raise InvariantError("the id index does not match the waiting and running queues")
         if self._queued_at.keys() != {r.request_id for r in self.waiting}:
             raise InvariantError("the queue times do not match the waiting queue")
-        kv.check()
+        manager.check()

@@ -25,6 +25,11 @@ from radixkv.cli_args import (
     output_problem,
     positive_int,
 )
+from radixkv.fleet.shared_store import (
+    DEFAULT_HOST_LOAD_COST,
+    DEFAULT_STORE_LOAD_COST,
+    SharedStore,
+)
 from radixkv.fleet.sim import (
     SERVICE_PROFILES,
     BatchConfig,
@@ -47,6 +52,7 @@ from radixkv.replay.trace import TraceError, load_trace
 __all__ = ["register", "run_route_sim"]
 
 PROG = "radixkv route-sim"
+_STORE_FLAGS = ("host_capacity", "store_write", "store_load_cost", "host_load_cost")
 _COLUMNS = (
     "hit_rate",
     "ttft_p50",
@@ -204,11 +210,18 @@ def run_route_sim(args: argparse.Namespace) -> int:
         if not busy > 0 or busy == float("inf"):
             return fail(PROG, "--load needs at least two requests with distinct arrival times")
         rate = args.load / busy
+    if args.store_capacity is None:
+        given = [f"--{f.replace('_', '-')}" for f in _STORE_FLAGS if getattr(args, f) is not None]
+        if given or args.store_aware:
+            flag = given[0] if given else "--store-aware"
+            return fail(PROG, f"{flag} needs --store-capacity (a shared store)")
     baseline = single_cache_hit_rate(reqs, args.capacity * args.replicas, eviction=args.eviction)
     results: dict[str, dict] = {}
     for name in routers:
         clock = SimClock()
-        router = build_router(name, clock, seed=args.seed, service=service)
+        store = _shared_store(args)
+        view = store.view() if store is not None and args.store_aware else None
+        router = build_router(name, clock, seed=args.seed, service=service, store=view)
         res = simulate(
             reqs,
             router,
@@ -221,6 +234,7 @@ def run_route_sim(args: argparse.Namespace) -> int:
             eviction=args.eviction,
             clock=clock,
             progress=not args.no_progress,
+            store=store,
         )
         row = res.to_dict()
         row["single_cache_hit_rate"] = baseline
@@ -248,11 +262,29 @@ def run_route_sim(args: argparse.Namespace) -> int:
         f"hit rate {baseline:.4f}; {args.service} service, {args.profile} profile, "
         f"offered load {results[routers[0]]['offered_load']:.3g}"
     )
-    print(f"{'router':<{width}} " + " ".join(f"{c:>12}" for c in ("vs_single", *_COLUMNS)))
+    columns = _COLUMNS
+    if args.store_capacity is not None:  # the hit rate's part from each lower tier
+        columns = ("hit_rate", "host_hit_rate", "store_hit_rate", *_COLUMNS[1:])
+    print(f"{'router':<{width}} " + " ".join(f"{c:>12}" for c in ("vs_single", *columns)))
     for name, row in results.items():
-        cells = [row["vs_single_cache"], *(row[c] for c in _COLUMNS)]
+        cells = [row["vs_single_cache"], *(row[c] for c in columns)]
         print(f"{name:<{width}} " + " ".join(_cell(v) for v in cells))
     return 0
+
+
+def _shared_store(args: argparse.Namespace) -> SharedStore | None:
+    """A fresh shared store for one run (None without ``--store-capacity``)."""
+    if args.store_capacity is None:
+        return None
+    return SharedStore(
+        args.store_capacity,
+        host_capacity_blocks=args.host_capacity or args.capacity,
+        write_policy=args.store_write or "write_back",
+        load_cost=DEFAULT_STORE_LOAD_COST if args.store_load_cost is None else args.store_load_cost,
+        host_load_cost=(
+            DEFAULT_HOST_LOAD_COST if args.host_load_cost is None else args.host_load_cost
+        ),
+    )
 
 
 def _json_ready(value: object) -> object:
@@ -340,6 +372,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="simulated seconds before a replica's KV events reach the router (default 0)",
     )
     p.add_argument("--eviction", choices=("lru", "level"), default="lru")
+    store = p.add_argument_group(
+        "a KV store shared by the fleet (docs/store.md, 'Fleet: a shared store')"
+    )
+    store.add_argument(
+        "--store-capacity",
+        type=positive_int,
+        help="a store of this many blocks (trace blocks) shared by every replica, below a "
+        "host tier per replica (default: none)",
+    )
+    store.add_argument(
+        "--host-capacity",
+        type=positive_int,
+        help="host tier blocks per replica (default: --capacity)",
+    )
+    store.add_argument(
+        "--store-write",
+        choices=("write_back", "write_through"),
+        help="write_back (default): what a replica's host evicts is put; write_through: "
+        "every host backup is put",
+    )
+    store.add_argument(
+        "--store-load-cost",
+        type=_nonneg_float,
+        help="seconds to load a token from the store, over --prefill-per-token "
+        f"(default {DEFAULT_STORE_LOAD_COST})",
+    )
+    store.add_argument(
+        "--host-load-cost",
+        type=_nonneg_float,
+        help="seconds to load a token from a replica's host, over --prefill-per-token "
+        f"(default {DEFAULT_HOST_LOAD_COST})",
+    )
+    store.add_argument(
+        "--store-aware",
+        action="store_true",
+        help="the prefix-aware routers count the blocks any replica can fetch from the "
+        "store as loaded, not computed (at --store-load-cost)",
+    )
     p.add_argument("--seed", type=int_in(0), default=0, help="seed for random routers/workloads")
     p.add_argument("--synthetic", choices=SYNTHETIC_WORKLOADS, help="a synthetic workload")
     p.add_argument(

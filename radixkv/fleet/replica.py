@@ -40,10 +40,9 @@ import numpy as np
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.events import KVCacheEvent
 from radixkv.cache.hashing import ChainHasher
-from radixkv.cache.placement import place_prompt
-from radixkv.cache.radix import RadixCache
 from radixkv.fleet.routing import ReplicaState
 from radixkv.fleet.service import BatchConfig, ServiceModel
+from radixkv.fleet.shared_store import DEVICE_ONLY, Placed, Tiers
 
 __all__ = [
     "FLEET_HASHER",
@@ -61,7 +60,10 @@ class Replica:
     """One simulated replica: its allocator, cache, state (as a router sees it) and counters.
 
     :meth:`place` (``place_prompt`` over ``cache``) is the replica's cache
-    step. ``work`` is the replica's
+    step. ``tiers`` (:mod:`radixkv.fleet.shared_store`) makes the cache and runs
+    the step: :data:`~radixkv.fleet.shared_store.DEVICE_ONLY` (the default, a
+    ``RadixCache``) or a :class:`~radixkv.fleet.shared_store.SharedStore` (a host
+    tier over the fleet's store). ``work`` is the replica's
     service time as a saturated replica would spend it (serial: prefill +
     decode; batched: ``BatchConfig.work``), ``busy_time`` the time it had
     anything running.
@@ -74,12 +76,21 @@ class Replica:
         "capacity_blocks",
         "served",
         "state",
+        "tiers",
         "work",
     )
 
-    def __init__(self, rid: Hashable, capacity_blocks: int, block_size: int, eviction: str) -> None:
+    def __init__(
+        self,
+        rid: Hashable,
+        capacity_blocks: int,
+        block_size: int,
+        eviction: str,
+        tiers: Tiers = DEVICE_ONLY,
+    ) -> None:
         self.allocator = BlockAllocator(capacity_blocks, block_size)
-        self.cache = RadixCache(self.allocator, eviction=eviction, events=FLEET_HASHER)
+        self.tiers = tiers
+        self.cache = tiers.make_cache(self.allocator, eviction, FLEET_HASHER)
         self.capacity_blocks = capacity_blocks
         self.busy_time = 0.0
         self.work = 0.0
@@ -91,8 +102,10 @@ class Replica:
 
     def place(
         self, tokens: np.ndarray, namespace: Hashable = None, *, exclusive: bool = True
-    ) -> tuple[int, np.ndarray] | None:
-        """Match, evict the shortfall, allocate, insert: ``(hit in cache tokens, blocks held)``.
+    ) -> Placed | None:
+        """Match (loading from the tiers below), evict the shortfall, allocate, insert: the
+        :class:`~radixkv.fleet.shared_store.Placed` (hit in cache tokens, blocks held,
+        what of the hit the host and the store served).
 
         ``place_prompt``: the caller holds one reference on each
         returned block until :meth:`release`. When the free and evictable
@@ -101,10 +114,7 @@ class Replica:
         (nothing else running) inserts as much as fits. Complexity: the cache's
         match, evict and insert.
         """
-        placed = place_prompt(self.cache, tokens, namespace, exclusive=exclusive)
-        if placed is None:
-            return None
-        return placed.num_cached_tokens, placed.blocks
+        return self.tiers.place(self.cache, tokens, namespace, exclusive)
 
     def release(self, blocks: np.ndarray) -> None:
         """Give back the references :meth:`place` returned."""
@@ -112,9 +122,9 @@ class Replica:
 
     def serve(self, tokens: np.ndarray, namespace: Hashable = None) -> int:
         """Place and release at once (radix replay's step); the hit in cache tokens."""
-        placed = place_prompt(self.cache, tokens, namespace)
-        self.allocator.decref_distinct(placed.blocks)
-        return placed.num_cached_tokens
+        placed = self.tiers.place(self.cache, tokens, namespace, True)
+        self.allocator.decref_distinct(placed.blocks)  # type: ignore[union-attr]  # exclusive
+        return placed.num_cached_tokens  # type: ignore[union-attr]
 
 
 class Host(Protocol):
@@ -126,8 +136,9 @@ class Host(Protocol):
         """Request ``i``'s (prompt tokens, output tokens), real tokens."""
         ...
 
-    def admit(self, k: int, i: int, exclusive: bool) -> tuple[int, np.ndarray] | None:
-        """Start request ``i``'s prefill on replica ``k``: (hit in real tokens, blocks held)."""
+    def admit(self, k: int, i: int, exclusive: bool) -> tuple[int, np.ndarray, float] | None:
+        """Start request ``i``'s prefill on replica ``k``: (hit in real tokens, blocks held,
+        seconds the replica spends loading the part of the hit its lower tiers served)."""
         ...
 
     def first_token(self, i: int, t: float) -> None: ...
@@ -165,10 +176,10 @@ class SerialScheduler:
     def _start(self, now: float) -> None:
         host, rep = self.host, self.replica
         i = self.queue.popleft()
-        hit, blocks = host.admit(self.k, i, True)  # type: ignore[misc]  # exclusive: never None
+        hit, blocks, load = host.admit(self.k, i, True)  # type: ignore[misc]  # exclusive
         rep.release(blocks)
         prompt, output = host.prompt(i)
-        pre = host.service.prefill(prompt, hit)
+        pre = host.service.prefill(prompt, hit) + load
         busy = pre + host.service.decode(output)
         host.first_token(i, now + pre)
         rep.busy_time += busy
@@ -187,8 +198,11 @@ class BatchedScheduler:
     State between events: ``t`` (when it was last brought up to date), the
     prefill ``head`` (its uncached tokens ``left`` and ``pos``, the tokens
     before its next chunk), the ``decoding`` heap keyed by the decode-step
-    count ``steps`` at which each finishes, and the planned interval
-    (``plan_steps`` steps, ``plan_tokens`` of them prefill tokens).
+    count ``steps`` at which each finishes, the planned interval
+    (``plan_steps`` steps, ``plan_tokens`` of them prefill tokens), and
+    ``stall``: seconds of loads from the tiers below the device that admitted
+    requests still owe. A load is synchronous, as the store tier's is: the
+    replica runs no step while it loads, so the next interval starts with it.
     """
 
     __slots__ = (
@@ -203,6 +217,7 @@ class BatchedScheduler:
         "plan_tokens",
         "pos",
         "replica",
+        "stall",
         "steps",
         "t",
         "waiting",
@@ -220,6 +235,7 @@ class BatchedScheduler:
         self.t = 0.0
         self.plan_steps = 0.0
         self.plan_tokens = 0.0
+        self.stall = 0.0
 
     def arrive(self, i: int, now: float) -> None:
         self.waiting.append(i)
@@ -231,7 +247,9 @@ class BatchedScheduler:
 
     def wake(self, now: float) -> None:
         n, x = self.plan_steps, self.plan_tokens
-        self._account(n, len(self.decoding), x, self.pos, now - self.t)
+        stall, self.stall = self.stall, 0.0  # the plan paid it first
+        self._account(n, len(self.decoding), x, self.pos, now - self.t - stall)
+        self._pay(stall)
         self.steps += n
         self.t = now
         if self.head >= 0:
@@ -262,8 +280,20 @@ class BatchedScheduler:
             + svc.step_overhead * (x + d * n) / self.batch.token_budget
         )
 
+    def _pay(self, seconds: float) -> None:
+        """The replica spent ``seconds`` loading: busy, and work."""
+        rep = self.replica
+        rep.busy_time += seconds
+        rep.work += seconds
+
     def _advance_decode(self, now: float) -> None:
-        """Bring a decode-only batch (no prefill running) up to ``now``."""
+        """Bring a decode-only batch (no prefill running) up to ``now``: what it owes of
+        loads first, then decode steps."""
+        if self.stall and now > self.t:
+            paid = min(self.stall, now - self.t)
+            self._pay(paid)
+            self.stall -= paid
+            self.t += paid
         d = len(self.decoding)
         if d and now > self.t:
             svc = self.host.service
@@ -283,11 +313,12 @@ class BatchedScheduler:
             if got is None:
                 return  # not enough blocks: waits for a finish
             waiting.popleft()
-            hit, blocks = got
+            hit, blocks, load = got
             self.held[i] = blocks
+            self.stall += load
             prompt, _ = host.prompt(i)
             if prompt - hit <= 0:
-                host.first_token(i, now)
+                host.first_token(i, now + self.stall)
                 self._join(i, now)
             else:
                 self.head, self.left, self.pos = i, float(prompt - hit), float(hit)
@@ -317,11 +348,12 @@ class BatchedScheduler:
                 x = n * budget
         if n == math.inf:
             self.plan_steps = self.plan_tokens = 0.0
-            self.host.schedule(self.k, math.inf)  # idle: cancels a wake planned before
+            # idle (a wake planned before is cancelled), or only a load left to finish
+            self.host.schedule(self.k, self.t + self.stall if self.stall else math.inf)
             return
         n = max(n, 0.0)
         self.plan_steps, self.plan_tokens = n, x
-        dt = n * (svc.step_overhead + svc.decode_per_token * d)
+        dt = self.stall + n * (svc.step_overhead + svc.decode_per_token * d)
         if x > 0:
             dt += svc.prefill(self.pos + x, self.pos)
         self.host.schedule(self.k, self.t + dt)

@@ -25,7 +25,9 @@ __all__ = ["RunTally", "SimResult", "roll_up"]
 class SimResult:
     """What one simulated run measured (see :mod:`radixkv.fleet.sim` for the model).
 
-    - ``hit_rate``: hit tokens / prompt tokens over all requests (real tokens);
+    - ``hit_rate``: hit tokens / prompt tokens over all requests (real tokens), every
+      tier's; ``host_hit_rate`` / ``store_hit_rate``: the part of it loaded from the
+      replicas' host tiers / the shared store (0 without them; the device's is the rest);
     - ``ttft_*``: modelled TTFT, seconds;
     - ``max_mean_load``: max over replicas of requests served / the mean;
       ``max_mean_busy``: the same for the time each had anything running;
@@ -52,6 +54,8 @@ class SimResult:
     prompt_tokens: int
     hit_tokens: int
     hit_rate: float
+    host_hit_rate: float
+    store_hit_rate: float
     ttft_p50: float
     ttft_p90: float
     ttft_p99: float
@@ -73,11 +77,13 @@ class SimResult:
     replica: np.ndarray = field(repr=False)
     hit_ids: np.ndarray = field(repr=False)
     ttft: np.ndarray = field(repr=False)
+    host_ids: np.ndarray = field(repr=False)
+    store_ids: np.ndarray = field(repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The scalar figures (and ``served`` per replica) as a JSON-ready dict."""
         d = asdict(self)
-        for k in ("replica", "hit_ids", "ttft"):
+        for k in ("replica", "hit_ids", "ttft", "host_ids", "store_ids"):
             d.pop(k)
         return d
 
@@ -87,7 +93,9 @@ class RunTally:
 
     Per request ``i`` (arrays, owned by the tally and handed to the result):
     ``replica[i]`` the replica index it was routed to (-1 until routed),
-    ``hit_ids[i]`` its cache hit in trace ids, ``ttft[i]`` its modelled TTFT
+    ``hit_ids[i]`` its cache hit in trace ids (every tier's), ``host_ids[i]`` and
+    ``store_ids[i]`` the part of it loaded from its replica's host tier and from the
+    shared store (the last of the hit), ``ttft[i]`` its modelled TTFT
     (seconds), ``decision_ns[i]`` the wall time of its ``choose`` call. Totals:
     ``lost_blocks`` / ``novel_blocks`` (the regret's terms, see
     :class:`SimResult`) and ``events_delivered`` (KV events handed to the router).
@@ -97,15 +105,19 @@ class RunTally:
         "decision_ns",
         "events_delivered",
         "hit_ids",
+        "host_ids",
         "lost_blocks",
         "novel_blocks",
         "replica",
+        "store_ids",
         "ttft",
     )
 
     def __init__(self, num_requests: int) -> None:
         self.replica = np.full(num_requests, -1, dtype=np.int64)
         self.hit_ids = np.zeros(num_requests, dtype=np.int64)
+        self.host_ids = np.zeros(num_requests, dtype=np.int64)
+        self.store_ids = np.zeros(num_requests, dtype=np.int64)
         self.ttft = np.zeros(num_requests, dtype=np.float64)
         self.decision_ns = np.zeros(num_requests, dtype=np.int64)
         self.lost_blocks = 0
@@ -158,11 +170,10 @@ def roll_up(
     busy = [rep.busy_time for rep in replicas]
     work = [rep.work for rep in replicas]
     prompt = sum(prompt_tokens)
-    hit_tokens = int(
-        sum(
-            min(int(h) * tokens_per_id, p)
-            for h, p in zip(tally.hit_ids, prompt_tokens, strict=True)
-        )
+    hit_tokens = _real_tokens(tally.hit_ids, prompt_tokens, tokens_per_id)
+    upper = _real_tokens(tally.hit_ids - tally.store_ids, prompt_tokens, tokens_per_id)
+    device = _real_tokens(
+        tally.hit_ids - tally.store_ids - tally.host_ids, prompt_tokens, tokens_per_id
     )
     mean_busy = sum(busy) / num_replicas
     mean_work = sum(work) / num_replicas
@@ -178,6 +189,8 @@ def roll_up(
         prompt_tokens=int(prompt),
         hit_tokens=hit_tokens,
         hit_rate=hit_tokens / prompt if prompt else 0.0,
+        host_hit_rate=(upper - device) / prompt if prompt else 0.0,
+        store_hit_rate=(hit_tokens - upper) / prompt if prompt else 0.0,
         ttft_p50=_pct(ttft, 50),
         ttft_p90=_pct(ttft, 90),
         ttft_p99=_pct(ttft, 99),
@@ -199,6 +212,16 @@ def roll_up(
         replica=tally.replica,
         hit_ids=tally.hit_ids,
         ttft=ttft,
+        host_ids=tally.host_ids,
+        store_ids=tally.store_ids,
+    )
+
+
+def _real_tokens(ids: np.ndarray, prompt_tokens: Sequence[int], tokens_per_id: int) -> int:
+    """Real tokens of hits of ``ids[i]`` trace ids: ``min(ids[i] x tokens_per_id,
+    prompt_tokens[i])`` summed (the partial last block capped)."""
+    return int(
+        sum(min(int(h) * tokens_per_id, p) for h, p in zip(ids, prompt_tokens, strict=True))
     )
 
 

@@ -42,6 +42,7 @@ from radixkv.fleet.index_base import Clock
 from radixkv.fleet.routing import ReplicaState, Router, RouteRequest
 from radixkv.fleet.scoring import Backlog, TimeCostScoring
 from radixkv.fleet.service import ServiceModel, service_model
+from radixkv.fleet.shared_store import NO_STORE_VIEW, NoStoreView, StoreView
 
 __all__ = [
     "ROUTERS",
@@ -315,7 +316,11 @@ class _PrefixRouter(_BaseRouter):
     profile name, ``"cpu"`` or ``"h200"``: the replicas' costs, in the
     ``clock``'s seconds), ``tokens_per_block`` (real tokens a block; default
     ``block_size``), ``externality`` (``"extra"``), ``load_factor`` and
-    ``min_gain_blocks`` (both off), ``clock``.
+    ``min_gain_blocks`` (both off), ``clock``, and ``store``: a
+    :class:`~radixkv.fleet.shared_store.StoreView` of a KV store the replicas
+    share (None, the default: none), whose blocks past a replica's prefix count
+    as loaded rather than computed on every replica (docs/store.md, "Fleet: a
+    shared store"); its keyspace's block size must be ``block_size``.
     """
 
     index: ApproxIndex | ExactIndex
@@ -329,11 +334,21 @@ class _PrefixRouter(_BaseRouter):
         min_gain_blocks: int = 0,
         externality: str = "extra",
         clock: Clock = time.monotonic,
+        store: StoreView | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        if store is not None:
+            if not isinstance(store, StoreView):
+                raise ValueError(f"store must be a StoreView or None, got {store!r}")
+            if store.keyspace.block_size != self.block_size:
+                raise ValueError(
+                    f"store.keyspace.block_size must be the router's block_size "
+                    f"{self.block_size}, got {store.keyspace.block_size}"
+                )
+        self.store: StoreView | NoStoreView = NO_STORE_VIEW if store is None else store
         self.clock = clock
         self.scoring = TimeCostScoring(
             service_model(service),
@@ -364,7 +379,8 @@ class _PrefixRouter(_BaseRouter):
         now = self.clock()
         matched = self.index.match(hashes)
         taken = self._taken
-        chosen, own = self.scoring.pick(
+        scoring = self.scoring
+        chosen, own = scoring.pick(
             replicas,
             matched,
             n,
@@ -373,6 +389,9 @@ class _PrefixRouter(_BaseRouter):
             self._fill,
             lambda r: taken.get(r.replica_id, 0),
             self._turn,
+            self.store.pricer(
+                request.tokens, request.namespace, n, scoring.service, scoring.tokens_per_block
+            ),
         )
         self._turn += 1
         rid = chosen.replica_id

@@ -174,25 +174,31 @@ class TimeCostScoring:
         fill: Callable[[ReplicaState], float],
         taken: Callable[[ReplicaState], float],
         turn: int = 0,
+        own: Callable[[int], float] | None = None,
     ) -> tuple[ReplicaState, float]:
         """The replica to route to and the request's predicted prefill seconds there.
 
         ``matched``: each replica's cached leading blocks (missing: 0);
         ``backlog`` at ``now``: each replica's wait and queue; ``fill`` and
         ``taken``: its fill fraction and new blocks taken so far; ``turn``
-        rotates the last tie-break. ``replicas`` must not be empty.
-        Complexity: O(replicas).
+        rotates the last tie-break; ``own``: the request's own prefill seconds
+        on a replica holding ``m`` leading blocks (None: ``service.prefill(n t,
+        m t)``; a shared store's view prices what it can load,
+        :meth:`radixkv.fleet.shared_store.StoreView.pricer`), called once per
+        distinct ``m``. ``floor`` is the least of those. ``replicas`` must not
+        be empty. Complexity: O(replicas).
         """
         cands = self.eligible(replicas)
         prefill = self.service.prefill
         t = self.tokens_per_block
         tokens = num_blocks * t
+        price = own if own is not None else (lambda m: prefill(tokens, m * t))
         get = matched.get
         n = len(cands)
         mode = self.externality
         ms = [get(r.replica_id, 0) for r in cands]
-        owns = {m: prefill(tokens, m * t) for m in set(ms)}  # one price per distinct match
-        floor = owns[max(ms)]
+        owns = {m: price(m) for m in set(ms)}  # one price per distinct match
+        floor = min(owns.values())
         best: ReplicaState = cands[0]
         best_cost = math.inf
         best_rest: tuple[float, float, int] = (0.0, 0.0, 0)
@@ -222,5 +228,5 @@ class TimeCostScoring:
                     least, least_key = r, key
         best_own = owns[get(best.replica_id, 0)]
         if self.min_gain_blocks and top - get(least.replica_id, 0) < self.min_gain_blocks:
-            return least, prefill(tokens, get(least.replica_id, 0) * t)
+            return least, owns[get(least.replica_id, 0)]
         return best, best_own

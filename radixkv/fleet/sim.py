@@ -25,6 +25,13 @@ replay's ``hit_tokens``.
   finish, and a request waits while the cache cannot hold it. TTFT is the end
   of its prefill's last chunk.
 
+**A shared store** (``store=``, :mod:`radixkv.fleet.shared_store`): each
+replica's cache is a ``TieredRadixCache`` with a host tier of its own over one
+real store tier each, all over one ``MemoryStore``; a prompt's blocks found on
+the host or in the store are loaded rather than computed, and the replica pays
+the load (``SharedStore.load_seconds``) before the prefill, synchronously.
+Without it (the default) every replica is a plain ``RadixCache``.
+
 **Events.** After each cache step the replica's pending events go to
 ``router.on_events`` at once, or ``event_delay`` simulated seconds later (the
 publish gap that speculative entries cover). When a request finishes, the
@@ -60,6 +67,7 @@ from radixkv.fleet.replica import FLEET_HASHER, Replica, make_schedulers
 from radixkv.fleet.results import RunTally, SimResult, roll_up
 from radixkv.fleet.routing import Router, RouteRequest
 from radixkv.fleet.service import SERVICE_PROFILES, BatchConfig, ServiceModel
+from radixkv.fleet.shared_store import DEVICE_ONLY, SharedStore, StoreView, Tiers
 from radixkv.replay.trace import MOONCAKE_BLOCK_SIZE, Trace
 
 __all__ = [
@@ -71,6 +79,7 @@ __all__ = [
     "ServiceModel",
     "SimClock",
     "SimRequest",
+    "SharedStore",
     "SimResult",
     "build_router",
     "offered_load",
@@ -186,12 +195,15 @@ def build_router(
     seed: int = 0,
     service: ServiceModel | None = None,
     tokens_per_id: int = MOONCAKE_BLOCK_SIZE,
+    store: StoreView | None = None,
     **options: Any,
 ) -> Router:
     """``make_router(name, ...)`` for the simulator: :data:`FLEET_HASHER`; ``clock`` to the
-    policies that take one (so their clocks run in simulated seconds); and to the policies
+    policies that take one (so their clocks run in simulated seconds); to the policies
     that score in time, the simulator's ``service`` model (default: ``ServiceModel()``) and
-    ``tokens_per_block`` = ``block_size * tokens_per_id`` real tokens per block."""
+    ``tokens_per_block`` = ``block_size * tokens_per_id`` real tokens per block; and
+    ``store`` (a shared store's :meth:`SharedStore.view`; None: none) to the policies that
+    take one (the prefix-aware ones: store-aware routing), ignored by the others."""
     from radixkv.fleet.router import ROUTERS, make_router
 
     factory = ROUTERS.get(name)
@@ -205,6 +217,8 @@ def build_router(
         if "service" in params:
             options.setdefault("service", service if service is not None else ServiceModel())
             options.setdefault("tokens_per_block", block_size * tokens_per_id)
+        if "store" in params and store is not None:
+            options.setdefault("store", store)
     return make_router(name, block_size=block_size, hasher=FLEET_HASHER, seed=seed, **options)
 
 
@@ -324,16 +338,25 @@ class _Run:
         r = self.reqs[i]
         return r.prompt_tokens, r.output_tokens
 
-    def admit(self, k: int, i: int, exclusive: bool) -> tuple[int, np.ndarray] | None:
+    def admit(self, k: int, i: int, exclusive: bool) -> tuple[int, np.ndarray, float] | None:
         req = self.reqs[i]
         rep = self.replicas[k]
         got = rep.place(req.tokens, req.namespace, exclusive=exclusive)
         if got is None:
             return None
-        hit, blocks = got
+        hit, blocks, host, store = got
         self.publish(k, rep.take_events())
-        self.tally.hit_ids[i] = hit
-        return min(hit * self.sim.tokens_per_id, req.prompt_tokens), blocks
+        tally = self.tally
+        tally.hit_ids[i] = hit
+        tally.host_ids[i] = host
+        tally.store_ids[i] = store
+        # real tokens: the partial last block capped, the lower tiers' part last in the hit
+        per, prompt = self.sim.tokens_per_id, req.prompt_tokens
+        real = min(hit * per, prompt)
+        upper = min((hit - store) * per, prompt)
+        device = min((hit - store - host) * per, prompt)
+        load = rep.tiers.load_seconds(self.service, upper - device, real - upper)
+        return real, blocks, load
 
     def first_token(self, i: int, t: float) -> None:
         self.tally.ttft[i] = t - self.reqs[i].arrival / self.rate
@@ -367,8 +390,12 @@ class FleetSim:
     """``num_replicas`` replicas (:class:`Replica`, in ``replicas``) and the event loop.
 
     ``batch`` None serves one request at a time per replica; a
-    :class:`BatchConfig` batches (see the module docstring). One ``run`` per
-    instance (the caches keep what a run left, for inspection).
+    :class:`BatchConfig` batches (see the module docstring). ``store`` (None:
+    none) puts a host tier below each replica's device and one
+    :class:`~radixkv.fleet.shared_store.SharedStore` below them all; a request's
+    loads from them cost its replica ``SharedStore.load_seconds`` before its
+    prefill. One ``run`` per instance (the caches and the store keep what a run
+    left, for inspection).
     """
 
     def __init__(
@@ -383,6 +410,7 @@ class FleetSim:
         tokens_per_id: int = MOONCAKE_BLOCK_SIZE,
         event_delay: float = 0.0,
         clock: SimClock | None = None,
+        store: SharedStore | None = None,
     ) -> None:
         for name, v in (
             ("num_replicas", num_replicas),
@@ -394,8 +422,13 @@ class FleetSim:
         check_number("event_delay", event_delay, low=0, finite=False)
         if batch is not None and not isinstance(batch, BatchConfig):
             raise ValueError(f"batch must be a BatchConfig or None, got {batch!r}")
+        if store is not None and not isinstance(store, SharedStore):
+            raise ValueError(f"store must be a SharedStore or None, got {store!r}")
+        tiers: Tiers = DEVICE_ONLY if store is None else store
+        self.store = store
         self.replicas = [
-            Replica(i, int(capacity_blocks), int(block_size), eviction) for i in range(num_replicas)
+            Replica(i, int(capacity_blocks), int(block_size), eviction, tiers)
+            for i in range(num_replicas)
         ]
         self.capacity_blocks = int(capacity_blocks)
         self.block_size = int(block_size)
@@ -457,6 +490,7 @@ def simulate(
     tokens_per_id: int = MOONCAKE_BLOCK_SIZE,
     clock: SimClock | None = None,
     progress: bool = False,
+    store: SharedStore | None = None,
 ) -> SimResult:
     """Serve ``requests`` on a fresh fleet behind ``router``; see :class:`FleetSim`.
 
@@ -473,6 +507,7 @@ def simulate(
         tokens_per_id=tokens_per_id,
         event_delay=event_delay,
         clock=clock,
+        store=store,
     )
     return sim.run(requests, router, rate=rate, progress=progress)
 

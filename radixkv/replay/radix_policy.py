@@ -7,11 +7,11 @@ are the cache's blocks and its prefix-closed eviction is the policy:
 (``radix-lru``, ``radix-level``, ``radix-lfu``, ``radix-fifo``,
 ``radix-priority``, ``radix-lrfu``, ``radix-deep``, ``radix-ghost``).
 
-With ``host_capacity > 0`` the tree gets a host-memory tier
+With ``host_capacity > 0`` the tree is a ``TieredRadixCache``, with a host-memory tier
 (``radixkv.cache.host.HostTier`` over a ``BlockAllocator(host_capacity, 1)``,
 write-back, LRU host order, a ``NullCopier``: bookkeeping only): a block the
 device evicts waits on the host, and a later request that matches it loads it
-back (``RadixCache.load``) instead of recomputing it.
+back (``TieredRadixCache.load``) instead of recomputing it.
 
 With ``store_capacity > 0`` as well, a KV store tier hangs below the host
 (``radixkv.cache.store.tier.StoreTier`` over a ``MemoryStore`` of
@@ -39,6 +39,7 @@ from radixkv.cache.results import CacheStats
 from radixkv.cache.store import MemoryStore
 from radixkv.cache.store.protocol import StoreStats
 from radixkv.cache.store.tier import StoreTier, StoreTierStats
+from radixkv.cache.tiered import TieredRadixCache
 from radixkv.checks import check_int
 from radixkv.errors import InvariantError
 from radixkv.replay.id_pools import REPLAY_KEYSPACE, STORE_ENTRY_BYTES, IdPools
@@ -95,7 +96,7 @@ class RadixReplayer:
         self.store: MemoryStore | None = None
         self.store_tier: StoreTier | None = None
         self._pools: IdPools | None = None
-        host = None
+        eviction = _EVICTION[policy]
         if host_capacity:
             self.host_alloc = BlockAllocator(num_blocks=host_capacity, block_size=1)
             if store_capacity:
@@ -113,7 +114,9 @@ class RadixReplayer:
                 eviction="lru",
                 store=self.store_tier,
             )
-        self.cache = RadixCache(self.alloc, eviction=_EVICTION[policy], host=host)
+            self.cache: RadixCache = TieredRadixCache(self.alloc, eviction=eviction, host=host)
+        else:
+            self.cache = RadixCache(self.alloc, eviction=eviction)
 
     def step(self, seq: np.ndarray) -> int:
         """Serve one request (an int32 id array); return its device hit length in blocks.
@@ -295,7 +298,7 @@ def radix_replay_tiers(
         hit_blocks=hit_blocks,
         host_hit_blocks=host_hit_blocks,
         final_cache_blocks=final_cache_blocks,
-        final_host_blocks=cache.host_cached_blocks,
+        final_host_blocks=stats.host_blocks,
         unreachable=unreachable,
         stats=stats,
         store_hit_blocks=store_hit_blocks,

@@ -1,6 +1,6 @@
-"""MooncakeStore (radixkv.cache.store.mooncake) beyond the contract suite (tests/test_kv_store.py
-runs that over it too): configuration errors, foreign and corrupt values in the pool, two
-servers sharing one pool, and a master killed mid-run.
+"""MooncakeStore (radixkv.cache.store.mooncake) beyond the contract suite
+(tests/cache/test_kv_store.py runs that over it too): configuration errors, foreign and
+corrupt values in the pool, two servers sharing one pool, and a master killed mid-run.
 
 docs/store.md: a Mooncake pool is shared by a fleet; a value the store cannot vouch for is a
 counted miss, removed from the pool; a master that goes away makes puts skip and gets

@@ -33,7 +33,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from radixkv import BlockAllocator, RadixCache
+from radixkv import BlockAllocator
+from radixkv.cache import TieredRadixCache
 from radixkv.cache.host import HostTier
 from radixkv.cache.prefix_cache import namespace_key
 
@@ -69,7 +70,7 @@ class Request:
     blocks: list[int] = field(default_factory=list)
 
 
-def tier_prefixes(cache: RadixCache) -> tuple[set, set]:
+def tier_prefixes(cache: TieredRadixCache) -> tuple[set, set]:
     """(device, any tier): every cached block-aligned prefix as (namespace key, tokens)."""
     device: set = set()
     anywhere: set = set()
@@ -113,7 +114,7 @@ class HostTierMachine(RuleBasedStateMachine):
         self.host = BlockAllocator(num_host, block_size)
         self.kv = ContentCopier(num_device, num_host)
         tier = HostTier(self.host, self.kv, policy, hits, host_eviction)
-        self.cache = RadixCache(self.alloc, eviction, host=tier)
+        self.cache = TieredRadixCache(self.alloc, eviction, host=tier)
         self.refs: Counter[int] = Counter()
         note(f"bs={block_size} device={num_device} host={num_host} {policy}/{hits} {eviction}")
 

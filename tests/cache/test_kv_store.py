@@ -1,7 +1,7 @@
 """The KV store tier (radixkv.cache.store): one contract suite over every backend, the keys,
 the entry format, the disk store's files, and a state machine against a dict oracle. The
 suite runs over MemoryStore, LocalDiskStore and MooncakeStore (a master on 127.0.0.1 for the
-session; tests/test_store_mooncake.py has its own cases).
+session; tests/cache/test_store_mooncake.py has its own cases).
 
 docs/store.md: a store keeps bytes under content-addressed keys that fold in the
 model identity, dtype, block size, geometry and namespace; every entry carries its

@@ -1,7 +1,7 @@
 """The tree's eviction orders (issue 15, part A): each order's victim on a small example,
 the fields the orders read, and the rule that keys never shrink on a touch.
 
-The replay differential tests (tests/test_replay_radix.py) check every order against a
+The replay differential tests (tests/replay/test_replay_radix.py) check every order against a
 brute-force tree on random and real traces; these pin each order's meaning directly.
 """
 

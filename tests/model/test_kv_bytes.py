@@ -21,7 +21,7 @@ from radixkv.model.kv_bytes import KV_LAYOUT, KVBlockCodec
 
 torch.set_num_threads(1)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYERS, BLOCKS, BLOCK_SIZE, HEADS, HEAD_DIM = 3, 12, 4, 2, 8
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 _BITS = {4: torch.int32, 2: torch.int16}  # a float dtype's bits as an int dtype of its width

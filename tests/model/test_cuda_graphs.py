@@ -148,6 +148,7 @@ def _chat(
     return outs
 
 
+@pytest.mark.slow  # Triton's interpreter on the CPU
 @pytest.mark.parametrize("cache", ["radix", None])
 def test_engine_with_the_static_path_equals_eager(cache) -> None:
     """The graph runner's path (eager here) gives the eager engine's greedy tokens."""

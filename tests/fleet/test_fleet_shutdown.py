@@ -36,7 +36,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 START_S = 150.0  # Ray, Serve and two replicas on 2 busy cores
 STOP_S = 60.0
 # Serve waits up to 20 s (graceful_shutdown_timeout_s) for a replica's open requests: a
@@ -143,6 +143,7 @@ def assert_a_ray_fleet_runs(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes in /proc")
+@pytest.mark.slow  # a Ray fleet (~30 s)
 def test_sigint_stops_the_fleet_and_every_process_of_its_ray() -> None:
     """SIGTERM's case is the stream test below (one fleet start fewer: ~30 s each)."""
     with running_fleet("--num-blocks", "64") as fleet:
@@ -159,6 +160,7 @@ def test_sigint_stops_the_fleet_and_every_process_of_its_ray() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes in /proc")
+@pytest.mark.slow  # a Ray fleet (~30 s)
 def test_sigterm_ends_an_open_stream_with_abort_and_done_as_one_server_does() -> None:
     """SIGTERM broke a fleet's open streams off (no final chunk, no ``[DONE]``, a
     traceback in the log): Serve's stop kills its HTTP proxies at once. Now the fleet

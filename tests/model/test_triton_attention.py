@@ -204,6 +204,7 @@ def test_shared_prefix_blocks_and_reused_holes(device) -> None:
     ],
     ids=["default", "16x16", "32x64", "unfolded-32x16"],
 )
+@pytest.mark.slow  # on the CPU: Triton's interpreter over 8 configurations
 def test_long_extends_split_the_unmasked_bulk_from_the_diagonal(
     device, block_size, config, monkeypatch
 ) -> None:

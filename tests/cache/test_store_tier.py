@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
 from test_host_tier_stateful import HostTierMachine, longest, tier_prefixes
 
-from radixkv import BlockAllocator, RadixCache
+from radixkv import BlockAllocator
+from radixkv.cache import TieredRadixCache
 from radixkv.cache.events import BlockStored
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
@@ -104,7 +105,7 @@ class Setup:
         self.tier = None if store is None else StoreTier(store, ks, self.pools, policy)
         host = HostTier(self.halloc, self.pools, host_policy, 0, store=self.tier)
         hasher = ChainHasher("xxhash") if events else None
-        self.cache = RadixCache(self.alloc, "lru", host=host, events=hasher)
+        self.cache = TieredRadixCache(self.alloc, "lru", host=host, events=hasher)
 
     def serve(
         self, tokens: list[int], namespace: object = None, *, load: bool = True, check: bool = True
@@ -519,10 +520,10 @@ def test_one_store_tier_serves_one_live_cache() -> None:
     s = Setup(MemoryStore(1 << 20))
     host = HostTier(BlockAllocator(4, BS), s.pools, store=s.tier)
     with pytest.raises(ValueError, match="store tier already serves"):
-        RadixCache(BlockAllocator(4, BS), host=host)
+        TieredRadixCache(BlockAllocator(4, BS), host=host)
     del s
     gc.collect()
-    RadixCache(BlockAllocator(4, BS), host=host)  # the first cache is gone: free again
+    TieredRadixCache(BlockAllocator(4, BS), host=host)  # the first cache is gone: free again
 
 
 def test_check_finds_digests_that_are_not_the_chains() -> None:
@@ -575,7 +576,7 @@ class StoreTierMachine(HostTierMachine):
         self.ks = keyspace()
         self.tier = StoreTier(self.store, self.ks, self.pools, policy)
         host = HostTier(self.host, self.pools, host_policy, hits, "lru", store=self.tier)
-        self.cache = RadixCache(self.alloc, eviction, host=host)
+        self.cache = TieredRadixCache(self.alloc, eviction, host=host)
         self.policy = policy
         from collections import Counter
 
@@ -679,7 +680,7 @@ class StoreTierMachine(HostTierMachine):
         self.store.check()
 
 
-def host_only_prefixes(cache: RadixCache) -> set:
+def host_only_prefixes(cache: TieredRadixCache) -> set:
     out: set = set()
     for ns_key, root in cache._roots.items():
         stack = [(c, ()) for c in root.children.values()]
@@ -716,7 +717,7 @@ def test_the_engines_codec_is_a_byte_copier_and_round_trips_real_kv(tmp_path: Pa
         alloc, halloc = BlockAllocator(8, BS), BlockAllocator(8, BS)
         tier = StoreTier(LocalDiskStore(tmp_path, 1 << 20), keyspace(), codec)
         hosted = HostTier(halloc, KVCopier(dev, host), store=tier)
-        return dev, alloc, RadixCache(alloc, "lru", host=hosted), tier
+        return dev, alloc, TieredRadixCache(alloc, "lru", host=hosted), tier
 
     dev, alloc, cache, _ = build()
     blocks = alloc.alloc(3)

@@ -968,7 +968,7 @@ def engine_snapshot(finished: int) -> EngineMetrics:
 
 @pytest.mark.parametrize("prefix", ["radixkv", "vllm"])
 def test_the_handlers_record_a_fleet_s_requests_beside_its_replicas(prefix: str) -> None:
-    """The path the fleet's ingress takes (tests/test_serve_fleet.py runs it on Ray): the
+    """The path the fleet's ingress takes (tests/fleet/test_serve_fleet.py runs it on Ray): the
     handlers over a routed client record every choice in ``ServerMetrics.requests``, and
     ``render_fleet`` writes those histograms beside each replica's engine metrics."""
     metrics = ServerMetrics(MODEL, prefix, max_model_len=1024)
@@ -1125,6 +1125,7 @@ def test_cli_metrics_prefix_flag() -> None:
     assert b"--metrics-prefix" in done.stderr
 
 
+@pytest.mark.slow
 def test_cli_no_enable_prefix_caching_computes_every_prompt() -> None:
     """vLLM's ``--no-enable-prefix-caching`` (the baseline of an A/B run): a repeated prompt
     finds nothing cached; without the flag it does."""
@@ -1153,6 +1154,7 @@ def test_cli_no_enable_prefix_caching_computes_every_prompt() -> None:
     assert cached_twice()[1] > 0
 
 
+@pytest.mark.slow
 def test_cli_dtype_attention_backend_and_enforce_eager_reach_the_engine() -> None:
     """``--dtype bfloat16 --attention-backend padded --enforce-eager`` serve what
     ``build_engine`` builds with those settings: the same greedy tokens and logprobs,

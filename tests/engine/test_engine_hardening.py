@@ -276,7 +276,7 @@ def test_default_seed_does_not_depend_on_what_ran_before_in_the_process(model):
         ({"device": 3}, "device"),
         ({"seed": -1}, "seed"),
         ({"block_size": 0}, "block_size"),
-        ({"policy": "random"}, "policy"),
+        ({"schedule_policy": "random"}, "schedule_policy"),
     ],
 )
 def test_engine_config_errors_name_the_field_and_value(kwargs, field):

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixkv import BlockAllocator, PrefixCache, RadixCache, make_cache
-from radixkv.cache import CACHE_KINDS, Placement, place_prompt
+from radixkv import BlockAllocator, PrefixCache, make_cache
+from radixkv.cache import CACHE_KINDS, Placement, TieredRadixCache, place_prompt
 from radixkv.cache.host import HostTier, NullCopier
 from radixkv.errors import InvariantError
 
@@ -104,7 +104,7 @@ def test_a_non_exclusive_call_that_cannot_fit_gives_its_match_back() -> None:
 def test_a_host_tier_loads_and_the_placement_counts_what_it_loaded() -> None:
     copier = NullCopier()
     host = HostTier(BlockAllocator(8, 1), copier, write_policy="write_back", eviction="lru")
-    cache = RadixCache(BlockAllocator(4, 1), eviction="lru", host=host)
+    cache = TieredRadixCache(BlockAllocator(4, 1), eviction="lru", host=host)
     release(cache, place_prompt(cache, [1, 2, 3]))
     release(cache, place_prompt(cache, [7, 8, 9, 6]))  # evicts [1, 2, 3]: backed up to the host
     got = place_prompt(cache, [1, 2, 3, 5])

@@ -329,7 +329,7 @@ def test_a_preempted_request_goes_back_to_the_front_of_the_queue(cache):
 def test_chat_workload_small_pool_evicts_and_preempts(cache, policy, bs):
     wl = ChatWorkload(system_len=40, num_users=6, num_turns=3, user_len=(3, 12), vocab_size=VOCAB)
     num_blocks = -(-140 // bs)  # about two requests' worth
-    sched = make_sched(cache, num_blocks, bs, max_num_batched_tokens=48, policy=policy)
+    sched = make_sched(cache, num_blocks, bs, max_num_batched_tokens=48, schedule_policy=policy)
     d = Driver(sched)
     chat_waves(d, wl, max_new=10)
     assert sched.num_preemptions > 0
@@ -342,7 +342,7 @@ def test_chat_workload_small_pool_evicts_and_preempts(cache, policy, bs):
 @pytest.mark.parametrize("bs", [1, 16])
 def test_chat_workload_computes_exactly_the_ideal_prefill(cache, policy, bs):
     wl = ChatWorkload(system_len=100, num_users=5, num_turns=3, user_len=(5, 20), vocab_size=VOCAB)
-    sched = make_sched(cache, 4096 // bs, bs, max_num_batched_tokens=64, policy=policy)
+    sched = make_sched(cache, 4096 // bs, bs, max_num_batched_tokens=64, schedule_policy=policy)
     d = Driver(sched)
     waves = chat_waves(d, wl, max_new=6)
     ideal = IdealPrefill(bs)
@@ -382,7 +382,7 @@ def test_random_workloads_keep_every_invariant(seed, bs, cache, policy, budget, 
     rng = np.random.default_rng(seed)
     prefixes = [rng.integers(0, VOCAB, int(rng.integers(0, 30))) for _ in range(3)]
     num_blocks = max(-(-pool_tokens // bs), -(-60 // bs))
-    sched = make_sched(cache, num_blocks, bs, max_num_batched_tokens=budget, policy=policy)
+    sched = make_sched(cache, num_blocks, bs, max_num_batched_tokens=budget, schedule_policy=policy)
     d = Driver(sched)
     for _ in range(2):
         reqs = []
@@ -402,7 +402,7 @@ def test_random_workloads_keep_every_invariant(seed, bs, cache, policy, budget, 
 def _cold_and_warm_queued(policy: str) -> tuple[Scheduler, Driver, Request, Request]:
     """A cached 32-token prefix, then a cold and a warm request queued in that order and
     one step taken with room for a single running request."""
-    sched = make_sched("radix", 64, 4, max_num_seqs=1, policy=policy)
+    sched = make_sched("radix", 64, 4, max_num_seqs=1, schedule_policy=policy)
     d = Driver(sched)
     hot = np.arange(1, 33)
     d.run([Request(hot, SamplingParams(max_new_tokens=1))])
@@ -438,7 +438,9 @@ def test_lpm_admits_a_cold_request_within_lpm_max_wait_steps(bound):
     # Regression (issue 21, item 14): under lpm a request with no cached prefix waited for as
     # long as hot-prefix requests kept arriving (here: never admitted, one slot, a new hot
     # request every step). Once it has waited lpm_max_wait_steps steps it goes first.
-    sched = make_sched("radix", 256, 4, max_num_seqs=1, policy="lpm", lpm_max_wait_steps=bound)
+    sched = make_sched(
+        "radix", 256, 4, max_num_seqs=1, schedule_policy="lpm", lpm_max_wait_steps=bound
+    )
     d = Driver(sched)
     hot = np.arange(1, 33)
     d.run([Request(hot, SamplingParams(max_new_tokens=1))])
@@ -467,7 +469,9 @@ def test_lpm_promotes_a_starved_request_at_exactly_lpm_max_wait_steps(bound):
     request a step (one slot; each hot request finishes in the step that admits it, so the
     slot is free every step) loses to the hot one in its first ``bound - 1`` schedule calls
     and is admitted in its ``bound``-th, as lpm_max_wait_steps says."""
-    sched = make_sched("radix", 256, 4, max_num_seqs=1, policy="lpm", lpm_max_wait_steps=bound)
+    sched = make_sched(
+        "radix", 256, 4, max_num_seqs=1, schedule_policy="lpm", lpm_max_wait_steps=bound
+    )
     d = Driver(sched)
     hot = np.arange(1, 33)
     d.run([Request(hot, SamplingParams(max_new_tokens=1))])
@@ -490,7 +494,7 @@ def test_lpm_ages_a_preempted_request_from_its_return_to_the_queue():
     """lpm_max_wait_steps counts from a preempted request's re-entry into the queue, not from
     the start: preempted at step 6 (bound 3), it is not overdue at step 7, so a request with
     a longer cached prefix goes first."""
-    sched = make_sched("radix", 8, 4, max_num_seqs=2, policy="lpm", lpm_max_wait_steps=3)
+    sched = make_sched("radix", 8, 4, max_num_seqs=2, schedule_policy="lpm", lpm_max_wait_steps=3)
     d = Driver(sched)
     first = Request(np.arange(1, 17), SamplingParams(8))
     later = Request(np.arange(30, 36), SamplingParams(6))
@@ -517,7 +521,7 @@ def test_lpm_ages_a_preempted_request_from_its_return_to_the_queue():
 def test_lpm_ranks_at_most_lpm_max_queue_waiting_requests(num_waiting, ranked):
     """Up to LPM_MAX_QUEUE waiting requests lpm admits the warm one (queued last) first; past
     that it falls back to arrival order (SGLang's rule)."""
-    sched = make_sched("radix", 64, 4, max_num_seqs=1, policy="lpm")
+    sched = make_sched("radix", 64, 4, max_num_seqs=1, schedule_policy="lpm")
     d = Driver(sched)
     hot = np.arange(1, 33)
     d.run([Request(hot, SamplingParams(max_new_tokens=1))])
@@ -564,7 +568,7 @@ def test_scheduler_takes_a_kv_manager():
     [
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"max_num_seqs": -1}, "max_num_seqs"),
-        ({"policy": "lifo"}, "policy"),
+        ({"schedule_policy": "lifo"}, "schedule_policy"),
         ({"lpm_max_wait_steps": 0}, "lpm_max_wait_steps"),
         ({"lpm_max_wait_steps": 2.5}, "lpm_max_wait_steps"),
         ({"lpm_max_wait_steps": True}, "lpm_max_wait_steps"),
@@ -626,7 +630,7 @@ def test_random_waves_compute_exactly_the_ideal_prefill(seed, bs, cache, policy,
     # shared prefixes inside a wave are computed once, earlier waves' tokens are reused.
     rng = np.random.default_rng(seed)
     roots = [rng.integers(0, VOCAB, int(rng.integers(0, 25))) for _ in range(3)]
-    sched = make_sched(cache, 4096 // bs, bs, max_num_batched_tokens=budget, policy=policy)
+    sched = make_sched(cache, 4096 // bs, bs, max_num_batched_tokens=budget, schedule_policy=policy)
     d = Driver(sched)
     ideal = IdealPrefill(bs)
     done: list[np.ndarray] = []
@@ -654,7 +658,7 @@ def test_lpm_ranks_without_touching_the_cache_stats(cache):
     wl = ChatWorkload(system_len=64, num_users=6, num_turns=2, user_len=(4, 12), vocab_size=VOCAB)
     stats = {}
     for policy in ("fcfs", "lpm"):
-        sched = make_sched(cache, 1024, 4, max_num_batched_tokens=32, policy=policy)
+        sched = make_sched(cache, 1024, 4, max_num_batched_tokens=32, schedule_policy=policy)
         waves = chat_waves(Driver(sched), wl, max_new=4)
         reqs = [r for w in waves for r in w]
         assert sched.num_preemptions == 0

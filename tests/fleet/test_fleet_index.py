@@ -250,10 +250,10 @@ def test_exact_index_tracks_the_device_tier_of_a_replica_with_a_host_tier() -> N
     """Host-tier events (medium "CPU") neither add a block nor keep one the device dropped."""
     from radixkv.cache.allocator import BlockAllocator
     from radixkv.cache.host import HostTier
-    from radixkv.cache.radix import RadixCache
+    from radixkv.cache.tiered import TieredRadixCache
 
     dev = BlockAllocator(16, BS)
-    cache = RadixCache(dev, "lru", events=HASHER, host=HostTier(BlockAllocator(32, BS)))
+    cache = TieredRadixCache(dev, "lru", events=HASHER, host=HostTier(BlockAllocator(32, BS)))
     idx = ExactIndex(block_size=BS, clock=FakeClock())
     blocks = dev.alloc(10)
     cache.insert(A, blocks)

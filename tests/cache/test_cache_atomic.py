@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from radixkv.cache import BlockAllocator, HashBlockCache, NullCache, RadixCache
+from radixkv.cache import BlockAllocator, HashBlockCache, NullCache, RadixCache, TieredRadixCache
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier, NullCopier
 
@@ -81,6 +81,7 @@ def make(kind: str, hasher: ChainHasher | None, *, host: dict | None = None, **k
         host = dict(host)
         copier = host.pop("copier", FlakyCopier())
         kw["host"] = HostTier(BlockAllocator(32, 2), copier, **host)
+        return alloc, TieredRadixCache(alloc, events=hasher, **kw)
     return alloc, CACHES[kind](alloc, events=hasher, **kw)
 
 
@@ -97,8 +98,8 @@ def state(alloc: BlockAllocator, cache) -> tuple:
         cache.take_events(),
     )
     if isinstance(cache, RadixCache):
-        host = cache.host
-        host_refs = None if host is None else host.allocator.refcount_array.tolist()
+        tiered = isinstance(cache, TieredRadixCache)
+        host_refs = cache.host.allocator.refcount_array.tolist() if tiered else None
         seen += (cache.pretty(max_tokens=99, max_blocks=99), host_refs)
     return seen
 
@@ -154,10 +155,12 @@ BAD_NAMESPACES = ["\ud800", ("tenant", "\udfff"), OddRepr()]
 
 
 @needs_cbor
-@pytest.mark.parametrize("kind", CACHES)
+@pytest.mark.parametrize("kind", [*CACHES, "tiered"])
 @pytest.mark.parametrize("ns", BAD_NAMESPACES, ids=["str", "tuple", "repr"])
 def test_a_namespace_the_hasher_cannot_encode_is_refused_by_name_before_any_change(kind, ns):
-    alloc, cache = make(kind, ChainHasher("sha256_cbor"))
+    tiered = kind == "tiered"
+    hasher, host = ChainHasher("sha256_cbor"), {} if tiered else None
+    alloc, cache = make("radix" if tiered else kind, hasher, host=host)
     request(alloc, cache, [1, 2, 3, 4, 5], "ok")
     cache.take_events()
     before = state(alloc, cache)
@@ -169,8 +172,9 @@ def test_a_namespace_the_hasher_cannot_encode_is_refused_by_name_before_any_chan
         "peek of no tokens": lambda: cache.peek([], ns),
         "check_namespace": lambda: cache.check_namespace(ns),
     }
-    if kind == "radix":
+    if kind != "hash":
         calls["pin"] = lambda: cache.pin([1, 2, 3, 4], ns)
+    if tiered:
         calls["load"] = lambda: cache.load([1, 2, 3, 4], ns)
     for name, call in calls.items():
         with pytest.raises(ValueError, match=r"^namespace .*sha256_cbor.*got ") as err:

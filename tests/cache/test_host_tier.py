@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from radixkv import BlockAllocator, RadixCache
+from radixkv.cache import TieredRadixCache
 from radixkv.cache.events import BlockRemoved, BlockStored
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier, NullCopier
@@ -15,7 +16,7 @@ def tiered(num_device=8, num_host=16, bs=2, **tier):
     dev, host = BlockAllocator(num_device, bs), BlockAllocator(num_host, bs)
     copier = tier.pop("copier", NullCopier())
     extra = tier.pop("cache", {})
-    cache = RadixCache(dev, "lru", host=HostTier(host, copier, **tier), **extra)
+    cache = TieredRadixCache(dev, "lru", host=HostTier(host, copier, **tier), **extra)
     return cache, dev, host
 
 
@@ -228,29 +229,39 @@ def test_copier_is_asked_for_every_move():
     assert (copier.backed_up, copier.discarded, copier.loaded) == (2, 2, 2)
 
 
-def test_without_a_host_tier_load_is_match_and_evict_host_does_nothing():
+def test_the_plain_tree_has_no_tier_surface():
+    """Everything of the host tier is the subclass's: a plain tree has no ``load``,
+    ``evict_host`` or ``host``, and its ``stats.host_blocks`` stays 0."""
     dev = BlockAllocator(4, 2)
     cache = RadixCache(dev)
     put(cache, dev, [1, 2])
-    m = cache.load([1, 2])
-    assert (m.num_tokens, m.host_num_tokens) == (2, 0)
-    dev.decref(m.blocks)
-    assert cache.evict_host(5) == 0 and cache.host is None and cache.host_cached_blocks == 0
+    for name in ("load", "evict_host", "host", "host_cached_blocks"):
+        assert not hasattr(cache, name), name
+    assert cache.stats.host_blocks == 0
 
 
-def test_the_host_tier_is_a_subclass_and_radix_cache_with_host_builds_it():
-    from radixkv.cache import TieredRadixCache
+def test_the_host_tier_is_a_subclass_and_radix_cache_with_host_is_deprecated():
+    import warnings
+
+    from radixkv.cache import make_cache
 
     dev, host = BlockAllocator(4, 2), BlockAllocator(4, 2)
-    cache = RadixCache(dev, "lru", host=HostTier(host))  # the old spelling keeps working
+    with pytest.warns(DeprecationWarning, match="TieredRadixCache"):
+        cache = RadixCache(dev, "lru", host=HostTier(host))  # the old spelling, one release more
     assert type(cache) is TieredRadixCache and isinstance(cache, RadixCache)
     assert cache.host.allocator is host and cache.eviction == "lru"
     del cache  # its claims go back with it
-    explicit = TieredRadixCache(dev, "lru", host=HostTier(host))
-    assert type(explicit) is TieredRadixCache
-    del explicit
-    assert type(RadixCache(dev)) is RadixCache  # no host: the tree alone
-    assert type(RadixCache(BlockAllocator(4, 2), host=None)) is RadixCache
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the spellings that stay warn about nothing
+        explicit = TieredRadixCache(dev, "lru", host=HostTier(host))
+        assert type(explicit) is TieredRadixCache
+        del explicit
+        made = make_cache("radix", dev, "lru", host=HostTier(host))
+        assert type(made) is TieredRadixCache and made.host.allocator is host
+        del made
+        assert type(RadixCache(dev)) is RadixCache  # no host: the tree alone
+    with pytest.warns(DeprecationWarning):
+        assert type(RadixCache(BlockAllocator(4, 2), host=None)) is RadixCache
     with pytest.raises(TypeError, match="host must be a HostTier"):
         TieredRadixCache(BlockAllocator(4, 2))  # the tiered class needs its tier
 
@@ -262,14 +273,40 @@ def test_the_host_tier_is_a_subclass_and_radix_cache_with_host_builds_it():
     assert type(Mine(BlockAllocator(4, 2))) is Mine
 
 
+def test_the_subclass_overrides_only_the_trees_template_hooks():
+    """docs/design.md, "The cut": the private methods of the tree that the host tier
+    overrides are its template hooks and two eviction steps, nothing else."""
+    overridden = {
+        name
+        for name in vars(TieredRadixCache)
+        if name.startswith("_") and not name.startswith("__") and name in vars(RadixCache)
+    }
+    assert overridden == {
+        "_claim_pools",
+        "_device_part",
+        "_promote",
+        "_on_split",
+        "_on_new_leaf",
+        "_on_freed",
+        "_evict_leaf",
+        "_unlink",
+    }
+
+
 def test_the_manager_loads_through_the_loading_cache_protocol():
     from radixkv import HashBlockCache, NullCache
     from radixkv.cache import KVCacheManager
     from radixkv.cache.prefix_cache import LoadingCache
 
-    assert isinstance(RadixCache(BlockAllocator(4, 2)), LoadingCache)
+    tiered_cache, dev, _ = tiered()
+    assert isinstance(tiered_cache, LoadingCache)
+    assert not isinstance(RadixCache(BlockAllocator(4, 2)), LoadingCache)  # match suffices
     assert not isinstance(HashBlockCache(BlockAllocator(4, 2)), LoadingCache)
     assert not isinstance(NullCache(BlockAllocator(4, 2)), LoadingCache)
+    put(tiered_cache, dev, [1, 2, 3, 4])
+    tiered_cache.evict(2)  # host-only now: the manager's lookup loads it back
+    kv = KVCacheManager(tiered_cache)
+    assert kv.match_prefix("r", [1, 2, 3, 4, 5]) == 4 and tiered_cache.stats.loaded_blocks == 2
 
     class Loads:  # any PrefixCache with a load: the manager looks prefixes up through it
         def __init__(self, cache):
@@ -305,11 +342,11 @@ def test_host_tier_rejects_bad_fields(kwargs, error, names):
 def test_cache_rejects_a_shared_or_mismatched_host_pool():
     dev = BlockAllocator(4, 2)
     with pytest.raises(ValueError, match="host.allocator"):
-        RadixCache(dev, host=HostTier(dev))
+        TieredRadixCache(dev, host=HostTier(dev))
     with pytest.raises(ValueError, match="block_size"):
-        RadixCache(dev, host=HostTier(BlockAllocator(4, 4)))
+        TieredRadixCache(dev, host=HostTier(BlockAllocator(4, 4)))
     with pytest.raises(TypeError, match="host"):
-        RadixCache(dev, host=BlockAllocator(4, 2))
+        TieredRadixCache(dev, host=BlockAllocator(4, 2))
     with pytest.raises(TypeError, match="allocator"):
         HostTier(np.zeros(3))
 
@@ -328,7 +365,7 @@ def test_a_dropped_tiered_cache_frees_both_pools_without_the_cycle_collector():
     try:
         del cache
         assert (dev.num_free, host.num_free) == (dev.num_blocks, host.num_blocks)
-        RadixCache(dev, host=HostTier(host)).check()  # both claims went with the old tree
+        TieredRadixCache(dev, host=HostTier(host)).check()  # both claims went with the old tree
     finally:
         gc.enable()
 

@@ -358,7 +358,7 @@ POISON = 13
 
 def poisoned_model():
     """A decoder whose forward raises when the batch holds token ``POISON`` (a stand-in for
-    a kernel error or an OOM), as in tests/test_engine_hardening.py."""
+    a kernel error or an OOM), as in tests/engine/test_engine_hardening.py."""
     m = random_model(CFG, seed=0)
     inner = m.forward
 
