@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+from radixkv.cache.store.tier import STORE_WRITE_POLICIES
 from radixkv.cli_args import (
     fail,
     int_in,
@@ -23,8 +24,16 @@ from radixkv.cli_args import (
     output_problem,
 )
 from radixkv.replay.config import _MAX_BLOCK_SIZE, _MAX_CAPACITY, REPLAY_POLICIES, ReplayConfig
+from radixkv.replay.id_pools import STORE_ENTRY_BYTES
 from radixkv.replay.replay import replay
-from radixkv.replay.sweep import can_plot, ceiling_row, plot_sweep, run_sweep, write_csv
+from radixkv.replay.sweep import (
+    can_plot,
+    ceiling_row,
+    plot_sweep,
+    run_sweep,
+    sweep_configs,
+    write_csv,
+)
 from radixkv.replay.trace import (
     MOONCAKE_BLOCK_SIZE,
     Trace,
@@ -41,7 +50,23 @@ _PLOT_EXTRA = "pip install 'radixkv[plot]'"
 
 _capacity = int_in(1, _MAX_CAPACITY)
 _host_capacity = int_in(0, _MAX_CAPACITY)
+_store_capacity = int_in(0, _MAX_CAPACITY)
+# ReplayConfig's field names, as the flags that set them
+_FLAGS = (
+    ("store_capacities", "--store-capacities"),
+    ("host_capacities", "--host-capacities"),
+    ("store_write_policy", "--store-write-policy"),
+    ("store_capacity", "--store-capacity"),
+    ("host_capacity", "--host-capacity"),
+)
 _T = TypeVar("_T")
+
+
+def _as_flags(message: str) -> str:
+    """``message`` with ReplayConfig's field names written as the flags that set them."""
+    for name, flag in _FLAGS:
+        message = message.replace(name, flag)
+    return message
 
 
 def _load(prog: str, path: str, args: argparse.Namespace) -> Trace | int:
@@ -94,6 +119,16 @@ def _add_policy_params(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_store_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--store-write-policy",
+        choices=STORE_WRITE_POLICIES,
+        default="write_back",
+        help="when the store is written: write_back (what host eviction drops; the default) "
+        "or write_through (every backup to the host)",
+    )
+
+
 def run_replay(args: argparse.Namespace) -> int:
     """Replay one trace; print one JSON object on stdout. Returns the exit code."""
     prog = "radixkv replay"
@@ -105,9 +140,11 @@ def run_replay(args: argparse.Namespace) -> int:
             args.small_ratio,
             args.max_freq,
             args.host_capacity,
+            args.store_capacity,
+            args.store_write_policy,
         )
     except (TypeError, ValueError) as exc:
-        return fail(prog, str(exc).replace("host_capacity", "--host-capacity"))
+        return fail(prog, _as_flags(str(exc)))
     trace = _load(prog, args.trace, args)
     if isinstance(trace, int):
         return trace
@@ -118,7 +155,9 @@ def run_replay(args: argparse.Namespace) -> int:
         args.block_size,
         args.small_ratio,
         args.max_freq,
-        host_capacity=args.host_capacity,
+        args.host_capacity,
+        args.store_capacity,
+        args.store_write_policy,
     )
     print(json.dumps(result.to_dict(per_request=args.per_request)))
     return 0
@@ -160,11 +199,19 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     try:
         policies = _split_list(args.policies, _policy, "--policies")
         capacities = _split_list(args.capacities, _capacity, "--capacities")
-        for p in policies:
-            for c in capacities:
-                ReplayConfig(p, c, args.block_size, args.small_ratio, args.max_freq)
+        hosts = _split_list(args.host_capacities, _host_capacity, "--host-capacities")
+        stores = _split_list(args.store_capacities, _store_capacity, "--store-capacities")
+        tiers = {
+            "block_size": args.block_size,
+            "small_ratio": args.small_ratio,
+            "max_freq": args.max_freq,
+            "host_capacities": hosts,
+            "store_capacities": stores,
+            "store_write_policy": args.store_write_policy,
+        }
+        sweep_configs(policies, capacities, **tiers)
     except (TypeError, ValueError) as exc:
-        return fail(prog, str(exc))
+        return fail(prog, _as_flags(str(exc)))
     plot = can_plot()
     if args.png and not plot:
         return fail(prog, f"--png needs matplotlib: {_PLOT_EXTRA}")
@@ -179,15 +226,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     trace = _load(prog, args.trace, args)
     if isinstance(trace, int):
         return trace
-    rows = run_sweep(
-        trace,
-        policies,
-        capacities,
-        block_size=args.block_size,
-        small_ratio=args.small_ratio,
-        max_freq=args.max_freq,
-        progress=not args.no_progress,
-    )
+    rows = run_sweep(trace, policies, capacities, **tiers, progress=not args.no_progress)
     ceiling = ceiling_row(trace, args.block_size)
     try:
         write_csv([*rows, ceiling], csv_path)
@@ -196,10 +235,14 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         return fail(prog, f"cannot write output: {exc}")
     width = max(len(p) for p in [*policies, ceiling.policy])
-    print(f"{'policy':<{width}} {'capacity':>9} {'hit_rate':>8} {'final':>7} {'unreach':>7}")
+    print(
+        f"{'policy':<{width}} {'capacity':>9} {'host':>9} {'store':>10} {'hit_rate':>8} "
+        f"{'combined':>8} {'final':>7} {'unreach':>7}"
+    )
     for r in [*rows, ceiling]:
         print(
-            f"{r.policy:<{width}} {r.capacity:>9} {r.overall_hit_rate:>8.4f} "
+            f"{r.policy:<{width}} {r.capacity:>9} {r.host_capacity:>9} {r.store_capacity:>10} "
+            f"{r.overall_hit_rate:>8.4f} {r.combined_hit_rate:>8.4f} "
             f"{r.final_cache_blocks:>7} {r.unreachable_blocks:>7}"
         )
     if plot:
@@ -234,21 +277,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "LRU host order): what the device evicts waits there and is loaded back on a hit; "
         "the JSON gains host_* fields (default 0: no host tier)",
     )
+    p.add_argument(
+        "--store-capacity",
+        type=_store_capacity,
+        default=0,
+        help="blocks in a KV store tier below the host tier (needs --host-capacity > 0): what "
+        "the host lets go of waits there, least recently used out first, and is read back "
+        f"through the host on a hit; kept in memory as {STORE_ENTRY_BYTES}-byte entries "
+        "(capacity in bytes = blocks x that); the JSON gains store_* fields (default 0: no "
+        "store)",
+    )
+    _add_store_policy(p)
     _add_policy_params(p)
     p.add_argument(
         "--per-request",
         action="store_true",
         help="add a per_request list of {prompt_tokens, hit_tokens} in trace order "
-        "(and host_hit_tokens with --host-capacity)",
+        "(and host_hit_tokens with --host-capacity, store_hit_tokens with --store-capacity)",
     )
     p.set_defaults(func=run_replay)
 
     s = subparsers.add_parser(
         "sweep",
         help="replay a trace for several policies and capacities; CSV + PNG plot",
-        description="Replay a trace for every policy x capacity, with a progress bar; write a "
-        "CSV and a PNG of token hit rate vs capacity (with the infinite-cache ceiling; the PNG "
-        "needs matplotlib, the plot extra).",
+        description="Replay a trace for every policy x capacity (x host x store capacity for "
+        "the radix-* policies), with a progress bar; write a CSV and a PNG of token hit rate, "
+        "every tier's hits counted, vs device capacity (with the infinite-cache ceiling; the "
+        "PNG needs matplotlib, the plot extra).",
     )
     one_line_errors(s)
     s.add_argument("trace", help=_TRACE_HELP)
@@ -265,6 +320,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="capacities in blocks (>= 1), space- or comma-separated (default: "
         f"{' '.join(map(str, DEFAULT_CAPACITIES))})",
     )
+    s.add_argument(
+        "--host-capacities",
+        nargs="+",
+        default=["0"],
+        help="host tier sizes in blocks (>= 0; 0: none), space- or comma-separated, for the "
+        "radix-* policies (default 0)",
+    )
+    s.add_argument(
+        "--store-capacities",
+        nargs="+",
+        default=["0"],
+        help="store tier sizes in blocks (>= 0; 0: none), space- or comma-separated; a store "
+        "runs only under a host capacity above 0 (default 0)",
+    )
+    _add_store_policy(s)
     _add_policy_params(s)
     s.add_argument(
         "--csv",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixkv.cache.eviction import EVICTION_ORDERS
+from radixkv.cache.store.tier import STORE_WRITE_POLICIES
 from radixkv.checks import check_int, check_number
 
 __all__ = ["FLAT_POLICIES", "RADIX_POLICIES", "REPLAY_POLICIES", "ReplayConfig"]
@@ -34,6 +35,14 @@ class ReplayConfig:
     - ``host_capacity``: blocks in a host-memory tier under the radix tree,
       >= 0; 0 (the default) means none. Only the ``radix-*`` policies have
       one: a flat policy with ``host_capacity > 0`` is a ``ValueError``.
+    - ``store_capacity``: blocks in a KV store tier below the host tier, >= 0; 0
+      (the default) means none. The store hangs below the host (it is filled from
+      the host pool and read back through it), so ``store_capacity > 0`` needs
+      ``host_capacity > 0`` (a ``ValueError`` otherwise).
+    - ``store_write_policy``: when the store is written, one of
+      ``STORE_WRITE_POLICIES``: ``"write_back"`` (what host eviction drops, the
+      default) or ``"write_through"`` (every backup to the host). Read only with a
+      store.
 
     The S3FIFO fields are validated for every policy, but only S3FIFO reads
     them; for S3FIFO, a capacity that leaves the small or main queue empty is
@@ -49,6 +58,8 @@ class ReplayConfig:
     small_ratio: float = 0.1
     max_freq: int = 3
     host_capacity: int = 0
+    store_capacity: int = 0
+    store_write_policy: str = "write_back"
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in REPLAY_POLICIES:
@@ -60,6 +71,7 @@ class ReplayConfig:
             ("block_size", 1, _MAX_BLOCK_SIZE),
             ("max_freq", 0, 2**62),
             ("host_capacity", 0, _MAX_CAPACITY),
+            ("store_capacity", 0, _MAX_CAPACITY),
         ):
             value = check_int(name, getattr(self, name), low=low, high=high)
             object.__setattr__(self, name, value)
@@ -67,6 +79,16 @@ class ReplayConfig:
             raise ValueError(
                 f"host_capacity is for the radix-* policies only, got host_capacity="
                 f"{self.host_capacity} with policy {self.policy!r}"
+            )
+        if self.store_capacity and not self.host_capacity:
+            raise ValueError(
+                f"store_capacity needs a host tier (the store sits below it), got store_capacity="
+                f"{self.store_capacity} with host_capacity=0"
+            )
+        if self.store_write_policy not in STORE_WRITE_POLICIES:
+            raise ValueError(
+                f"store_write_policy must be one of {', '.join(STORE_WRITE_POLICIES)}, got "
+                f"{self.store_write_policy!r}"
             )
         ratio = check_number("small_ratio", self.small_ratio)
         object.__setattr__(self, "small_ratio", ratio)

@@ -31,7 +31,8 @@ The default constants are SmolLM2-135M in float32 on this repository's CPU
   ``benchmarks/replay_host_tier.py --measure-reload``): 7.2 us per token.
 
 Backups (device to host at eviction, write-back) are not in the per-request
-cost: ``CacheStats.backed_up_blocks`` counts them for a separate total.
+cost: ``CacheStats.backed_up_blocks`` counts them for a separate total. A store
+tier's reads have no price here: a three-tier result is a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -99,7 +100,14 @@ class TierCostModel:
         """Per request: ``recompute * prefill_s_per_token + reloaded_tokens * reload_s_per_token``.
 
         ``reloaded_tokens = host_hit_blocks * block_size``. A float64 array, one per request.
+        ``ValueError`` for a result with a store tier (``config.store_capacity > 0``): this
+        model has no price for a store read.
         """
+        if result.config.store_capacity:
+            raise ValueError(
+                "TierCostModel prices a device and a host tier only, got a result with "
+                f"store_capacity={result.config.store_capacity}"
+            )
         reloaded = result.host_hit_blocks * result.config.block_size
         return (
             result.recompute_tokens * self.prefill_s_per_token + reloaded * self.reload_s_per_token

@@ -9,8 +9,11 @@ from typing import Any
 import numpy as np
 
 from radixkv.cache.results import CacheStats
+from radixkv.cache.store.protocol import StoreStats
+from radixkv.cache.store.tier import StoreTierStats
 from radixkv.replay import flat_policies
 from radixkv.replay.config import FLAT_POLICIES, ReplayConfig
+from radixkv.replay.id_pools import STORE_ENTRY_BYTES
 from radixkv.replay.radix_policy import radix_replay_tiers
 from radixkv.replay.trace import Trace, TraceRequest
 
@@ -27,8 +30,9 @@ class ReplayResult:
     - ``block_hits`` / ``block_misses``: accesses that found / did not find
       their block resident (flat policies decide this per access, so blocks
       past a request's first miss count too; the radix tree's hits are its
-      matched prefixes); ``block_hits + host_block_hits + block_misses`` is the
-      total number of ids (``host_block_hits`` is 0 without a host tier);
+      matched prefixes); ``block_hits + host_block_hits + store_block_hits +
+      block_misses`` is the total number of ids (``host_block_hits`` is 0
+      without a host tier, ``store_block_hits`` without a store tier);
     - ``final_cache_blocks``: blocks resident after the last request (S3FIFO:
       ``|S| + |M|``, never the ghost; radix: blocks the tree holds);
     - ``unreachable_blocks``: resident blocks that no request of the trace
@@ -54,9 +58,26 @@ class ReplayResult:
       policies; None for the flat ones), e.g. ``backed_up_blocks``,
       ``host_evicted_blocks``, ``skipped_backup_blocks``.
 
-    Without one these are zeros (the defaults, so a result built without them
-    reads the same). ``recompute_tokens[i] = prompt_tokens[i] - hit_tokens[i] -
-    host_hit_tokens[i]`` is what request i had to prefill.
+    With a store tier below the host as well (``config.store_capacity > 0``):
+
+    - ``store_hit_blocks[i]``: the blocks right after the host's part that were
+      read from the store and reached the device; ``store_hit_tokens[i] =
+      min((k + h + s) * block_size, input_length) - hit_tokens[i] -
+      host_hit_tokens[i]`` for ``s = store_hit_blocks[i]``: device, host and store
+      tokens partition the served prefix, ``min((k + h + s) * block_size,
+      input_length)``;
+    - ``store_block_hits``: their sum (``block_hits + host_block_hits +
+      store_block_hits + block_misses`` is the number of ids);
+    - ``store_stats``: the store tier's counters (``StoreTierStats``: ``lookups``,
+      ``found_blocks``, ``loaded_blocks``, ``put_blocks``, ``stored_blocks``, ...);
+      ``store_counts``: the store's own (``StoreStats``: ``evicted``,
+      ``num_entries``, ...). ``loaded_blocks`` may exceed ``store_block_hits``:
+      a run read into the host that the device had no room for is recomputed.
+
+    Without them these are zeros and None (the defaults, so a result built
+    without them reads the same). ``recompute_tokens[i] = prompt_tokens[i] -
+    hit_tokens[i] - host_hit_tokens[i] - store_hit_tokens[i]`` is what request i
+    had to prefill.
     """
 
     config: ReplayConfig
@@ -73,10 +94,15 @@ class ReplayResult:
     host_block_hits: int = 0
     final_host_blocks: int = 0
     cache_stats: CacheStats | None = None
+    store_hit_blocks: np.ndarray | None = field(default=None)
+    store_hit_tokens: np.ndarray | None = field(default=None)
+    store_block_hits: int = 0
+    store_stats: StoreTierStats | None = None
+    store_counts: StoreStats | None = None
 
     def __post_init__(self) -> None:
-        # Absent host figures are zeros, one per request: after this neither array is None.
-        for name in ("host_hit_blocks", "host_hit_tokens"):
+        # Absent tier figures are zeros, one per request: after this no array is None.
+        for name in ("host_hit_blocks", "host_hit_tokens", "store_hit_blocks", "store_hit_tokens"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros(len(self.prompt_tokens), dtype=np.int64))
 
@@ -111,9 +137,14 @@ class ReplayResult:
         return int(self.host_hit_tokens.sum())
 
     @property
+    def total_store_hit_tokens(self) -> int:
+        """Prompt tokens served by blocks read from the store (0 without a store tier)."""
+        return int(self.store_hit_tokens.sum())
+
+    @property
     def recompute_tokens(self) -> np.ndarray:
-        """Per request, the prompt tokens neither tier had: ``prompt - hit - host_hit``."""
-        return self.prompt_tokens - self.hit_tokens - self.host_hit_tokens
+        """Per request, the prompt tokens no tier had: ``prompt - hit - host_hit - store_hit``."""
+        return self.prompt_tokens - self.hit_tokens - self.host_hit_tokens - self.store_hit_tokens
 
     @property
     def host_hit_rate(self) -> float:
@@ -122,10 +153,18 @@ class ReplayResult:
         return self.total_host_hit_tokens / total if total else 0.0
 
     @property
-    def combined_hit_rate(self) -> float:
-        """Prompt tokens served by either tier over all prompt tokens (0.0 for none)."""
+    def store_hit_rate(self) -> float:
+        """``total_store_hit_tokens / total_prompt_tokens`` (0.0 when there are none)."""
         total = self.total_prompt_tokens
-        return (self.total_hit_tokens + self.total_host_hit_tokens) / total if total else 0.0
+        return self.total_store_hit_tokens / total if total else 0.0
+
+    @property
+    def combined_hit_rate(self) -> float:
+        """Prompt tokens served by any tier (device, host, store) over all prompt tokens
+        (0.0 for none)."""
+        total = self.total_prompt_tokens
+        served = self.total_hit_tokens + self.total_host_hit_tokens + self.total_store_hit_tokens
+        return served / total if total else 0.0
 
     def to_dict(self, per_request: bool = False) -> dict[str, Any]:
         """The CLI's JSON object; with ``per_request``, a ``per_request`` list in trace order.
@@ -134,7 +173,14 @@ class ReplayResult:
         ``host_capacity_blocks, total_host_hit_tokens, host_hit_rate,
         combined_hit_rate, host_block_hits, final_host_blocks``, and each
         ``per_request`` entry a ``host_hit_tokens``; without one it is exactly
-        the one-tier object.
+        the one-tier object. With a store tier (``config.store_capacity > 0``) it
+        also has ``store_capacity_blocks, store_capacity_bytes,
+        store_write_policy, total_store_hit_tokens, store_hit_rate,
+        store_block_hits`` and the counters ``store_lookups, store_found_blocks,
+        store_loaded_blocks, store_put_blocks, store_stored_blocks,
+        store_evicted_blocks, final_store_blocks`` (``combined_hit_rate`` then
+        counts the store's tokens too), and each ``per_request`` entry a
+        ``store_hit_tokens``; without one it is exactly the two-tier object.
         """
         out: dict[str, Any] = {
             "policy": self.config.policy,
@@ -167,9 +213,46 @@ class ReplayResult:
                     host_evicted_blocks=stats.host_evicted_blocks,
                     skipped_backup_blocks=stats.skipped_backup_blocks,
                 )
+        stored = self.config.store_capacity > 0
+        tier, counts = self.store_stats, self.store_counts
+        if stored:
+            out.update(
+                store_capacity_blocks=self.config.store_capacity,
+                store_capacity_bytes=self.config.store_capacity * STORE_ENTRY_BYTES,
+                store_write_policy=self.config.store_write_policy,
+                total_store_hit_tokens=self.total_store_hit_tokens,
+                store_hit_rate=self.store_hit_rate,
+                store_block_hits=self.store_block_hits,
+            )
+            if tier is not None and counts is not None:
+                out.update(
+                    store_lookups=tier.lookups,
+                    store_found_blocks=tier.found_blocks,
+                    store_loaded_blocks=tier.loaded_blocks,
+                    store_put_blocks=tier.put_blocks,
+                    store_stored_blocks=tier.stored_blocks,
+                    store_evicted_blocks=counts.evicted,
+                    final_store_blocks=counts.num_entries,
+                )
         if per_request:
             prompts, hits = self.prompt_tokens.tolist(), self.hit_tokens.tolist()
-            if tiered:
+            if stored:
+                out["per_request"] = [
+                    {
+                        "prompt_tokens": p,
+                        "hit_tokens": h,
+                        "host_hit_tokens": g,
+                        "store_hit_tokens": t,
+                    }
+                    for p, h, g, t in zip(
+                        prompts,
+                        hits,
+                        self.host_hit_tokens.tolist(),
+                        self.store_hit_tokens.tolist(),
+                        strict=True,
+                    )
+                ]
+            elif tiered:
                 out["per_request"] = [
                     {"prompt_tokens": p, "hit_tokens": h, "host_hit_tokens": g}
                     for p, h, g in zip(prompts, hits, self.host_hit_tokens.tolist(), strict=True)
@@ -195,6 +278,8 @@ def replay(
     small_ratio: float = 0.1,
     max_freq: int = 3,
     host_capacity: int = 0,
+    store_capacity: int = 0,
+    store_write_policy: str = "write_back",
 ) -> ReplayResult:
     """Replay ``requests`` in order through ``policy`` with room for ``capacity`` blocks.
 
@@ -206,15 +291,27 @@ def replay(
     sequence (``radix-level``, ``radix-lru``). ``host_capacity > 0`` gives the
     radix tree a host-memory tier of that many blocks (``RadixReplayer``):
     blocks the device evicts wait there, and a request loads what it finds
-    there back (``ReplayResult.host_hit_tokens``). See ``ReplayConfig`` for the
-    parameters. Raises ``ValueError``/``TypeError`` for bad parameters (a
-    negative ``host_capacity``, or one > 0 with a flat policy, included) and
-    ``TraceError`` for bad requests, before replaying anything.
+    there back (``ReplayResult.host_hit_tokens``). ``store_capacity > 0`` puts a
+    KV store tier of that many blocks below the host, written under
+    ``store_write_policy`` (``RadixReplayer``; ``ReplayResult.store_hit_tokens``).
+    See ``ReplayConfig`` for the parameters. Raises ``ValueError``/``TypeError``
+    for bad parameters (a negative ``host_capacity``, one > 0 with a flat policy,
+    a store without a host tier, included) and ``TraceError`` for bad requests,
+    before replaying anything.
 
     Complexity: O(total ids) time and memory, compiled, for the flat policies;
     the radix policies run the Python tree, O(total ids * log leaves).
     """
-    config = ReplayConfig(policy, capacity, block_size, small_ratio, max_freq, host_capacity)
+    config = ReplayConfig(
+        policy,
+        capacity,
+        block_size,
+        small_ratio,
+        max_freq,
+        host_capacity,
+        store_capacity,
+        store_write_policy,
+    )
     trace = requests if isinstance(requests, Trace) else Trace.from_requests(requests)
     if config.policy in FLAT_POLICIES:
         hit_blocks, block_hits, resident = _run_flat(trace, config)
@@ -223,11 +320,22 @@ def replay(
         unreachable = final_cache_blocks - int(reach.sum())
         orphans = int(flat_policies.orphan_count(trace.ids, trace.offsets, resident))
         host_hit_blocks = np.zeros(trace.num_requests, dtype=np.int64)
+        store_hit_blocks = host_hit_blocks
         final_host_blocks = 0
         cache_stats = None
+        store_stats = store_counts = None
     else:
-        tiers = radix_replay_tiers(trace, config.policy, config.capacity, config.host_capacity)
+        tiers = radix_replay_tiers(
+            trace,
+            config.policy,
+            config.capacity,
+            config.host_capacity,
+            config.store_capacity,
+            config.store_write_policy,
+        )
         hit_blocks, host_hit_blocks = tiers.hit_blocks, tiers.host_hit_blocks
+        store_hit_blocks = tiers.store_hit_blocks
+        store_stats, store_counts = tiers.store_stats, tiers.store_counts
         block_hits = int(hit_blocks.sum())
         final_cache_blocks, final_host_blocks = tiers.final_cache_blocks, tiers.final_host_blocks
         unreachable = tiers.unreachable
@@ -235,23 +343,31 @@ def replay(
         orphans = 0  # the tree evicts leaves only: every resident block's parent is resident
     block_hits = int(block_hits)
     host_block_hits = int(host_hit_blocks.sum())
+    store_block_hits = int(store_hit_blocks.sum())
     lengths, bs = trace.input_lengths, config.block_size
     hit_tokens = hit_tokens_for(hit_blocks, lengths, bs)
+    upto_host = hit_tokens_for(hit_blocks + host_hit_blocks, lengths, bs)
+    upto_store = hit_tokens_for(hit_blocks + host_hit_blocks + store_hit_blocks, lengths, bs)
     return ReplayResult(
         config=config,
         prompt_tokens=lengths.copy(),
         hit_blocks=hit_blocks,
         hit_tokens=hit_tokens,
         block_hits=block_hits,
-        block_misses=trace.num_accesses - block_hits - host_block_hits,
+        block_misses=trace.num_accesses - block_hits - host_block_hits - store_block_hits,
         final_cache_blocks=final_cache_blocks,
         unreachable_blocks=unreachable,
         orphan_blocks=orphans,
         host_hit_blocks=host_hit_blocks,
-        host_hit_tokens=hit_tokens_for(hit_blocks + host_hit_blocks, lengths, bs) - hit_tokens,
+        host_hit_tokens=upto_host - hit_tokens,
         host_block_hits=host_block_hits,
         final_host_blocks=final_host_blocks,
         cache_stats=cache_stats,
+        store_hit_blocks=store_hit_blocks,
+        store_hit_tokens=upto_store - upto_host,
+        store_block_hits=store_block_hits,
+        store_stats=store_stats,
+        store_counts=store_counts,
     )
 
 

@@ -1,9 +1,12 @@
-"""Sweeps: every (policy, capacity) pair over one trace, with the infinite-cache ceiling.
+"""Sweeps: every (policy, capacity, lower tiers) over one trace, with the infinite-cache ceiling.
 
-``run_sweep`` returns one ``SweepRow`` per pair; ``write_csv`` and
-``plot_sweep`` turn rows into a CSV and a PNG (token hit rate vs capacity, one
-line per policy, the ceiling dashed). matplotlib (the ``plot`` extra) is
-imported only to plot; ``can_plot`` says whether it is installed.
+``run_sweep`` returns one ``SweepRow`` per configuration: each policy at each
+device capacity, and for the radix policies at each (host, store) pair of
+lower tiers (``host_capacities`` x ``store_capacities``, a store only under a
+host). ``write_csv`` and ``plot_sweep`` turn rows into a CSV and a PNG (token
+hit rate, every tier's hits counted, vs device capacity: one line per policy
+and tiers, the ceiling dashed). matplotlib (the ``plot`` extra) is imported
+only to plot; ``can_plot`` says whether it is installed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
-from radixkv.replay.config import ReplayConfig
+from radixkv.replay.config import RADIX_POLICIES, ReplayConfig
 from radixkv.replay.replay import ReplayResult, replay
 from radixkv.replay.trace import Trace
 
@@ -27,6 +30,7 @@ __all__ = [
     "plot_sweep",
     "read_csv",
     "run_sweep",
+    "sweep_configs",
     "write_csv",
 ]
 
@@ -35,7 +39,11 @@ CEILING_POLICY = "infinite"
 
 @dataclass(frozen=True)
 class SweepRow:
-    """One replay's totals, flat enough for a CSV line."""
+    """One replay's totals, flat enough for a CSV line.
+
+    ``overall_hit_rate`` is the device's; ``combined_hit_rate`` counts the host's
+    and the store's hits too (equal without lower tiers).
+    """
 
     trace: str
     policy: str
@@ -52,6 +60,12 @@ class SweepRow:
     block_misses: int
     unreachable_blocks: int
     seconds: float
+    host_capacity: int = 0
+    store_capacity: int = 0
+    store_write_policy: str = "write_back"
+    total_host_hit_tokens: int = 0
+    total_store_hit_tokens: int = 0
+    combined_hit_rate: float = 0.0
 
     @classmethod
     def from_result(cls, trace: str, result: ReplayResult, seconds: float) -> SweepRow:
@@ -72,6 +86,12 @@ class SweepRow:
             block_misses=result.block_misses,
             unreachable_blocks=result.unreachable_blocks,
             seconds=seconds,
+            host_capacity=c.host_capacity,
+            store_capacity=c.store_capacity,
+            store_write_policy=c.store_write_policy,
+            total_host_hit_tokens=result.total_host_hit_tokens,
+            total_store_hit_tokens=result.total_store_hit_tokens,
+            combined_hit_rate=result.combined_hit_rate,
         )
 
 
@@ -90,6 +110,42 @@ def ceiling_row(trace: Trace, block_size: int = 512) -> SweepRow:
     return SweepRow(**{**asdict(row), "policy": CEILING_POLICY})
 
 
+def sweep_configs(
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    *,
+    block_size: int = 512,
+    small_ratio: float = 0.1,
+    max_freq: int = 3,
+    host_capacities: Sequence[int] = (0,),
+    store_capacities: Sequence[int] = (0,),
+    store_write_policy: str = "write_back",
+) -> list[ReplayConfig]:
+    """The configurations a sweep replays, in order: policy, then capacity, then host, then store.
+
+    A radix policy runs at every (host, store) pair except a store with no host
+    (a store sits below a host tier); a flat policy has no lower tiers and runs
+    once per capacity. ``ValueError`` naming ``store_capacities`` when a store is
+    asked for but no host capacity is above 0; otherwise ``ValueError`` /
+    ``TypeError`` as ``ReplayConfig``, for the first bad configuration.
+    Complexity: O(configurations).
+    """
+    if any(store_capacities) and not any(host_capacities):
+        raise ValueError(
+            "store_capacities needs a host capacity above 0 (a store sits below a host tier), "
+            f"got host_capacities {list(host_capacities)}"
+        )
+    tiers = [(h, s) for h in host_capacities for s in store_capacities if h or not s]
+    configs = []
+    for p in policies:
+        for c in capacities:
+            for h, s in tiers if p in RADIX_POLICIES else [(0, 0)]:
+                configs.append(
+                    ReplayConfig(p, c, block_size, small_ratio, max_freq, h, s, store_write_policy)
+                )
+    return configs
+
+
 def run_sweep(
     trace: Trace,
     policies: Sequence[str],
@@ -98,17 +154,28 @@ def run_sweep(
     block_size: int = 512,
     small_ratio: float = 0.1,
     max_freq: int = 3,
+    host_capacities: Sequence[int] = (0,),
+    store_capacities: Sequence[int] = (0,),
+    store_write_policy: str = "write_back",
     progress: bool = True,
 ) -> list[SweepRow]:
-    """Replay ``trace`` for every policy x capacity, in that order; one row each.
+    """Replay ``trace`` for every configuration of ``sweep_configs``, in that order; one row each.
 
     Every configuration is validated before the first replay (``ValueError`` /
     ``TypeError`` then, nothing run). With ``progress``, a tqdm bar on stderr.
-    Complexity: the sum of the replays'.
+    The defaults (no host, no store) are the one-tier sweep. Complexity: the sum
+    of the replays'.
     """
-    configs = [
-        ReplayConfig(p, c, block_size, small_ratio, max_freq) for p in policies for c in capacities
-    ]
+    configs = sweep_configs(
+        policies,
+        capacities,
+        block_size=block_size,
+        small_ratio=small_ratio,
+        max_freq=max_freq,
+        host_capacities=host_capacities,
+        store_capacities=store_capacities,
+        store_write_policy=store_write_policy,
+    )
     name = _trace_name(trace)
     rows = []
     bar = None
@@ -119,9 +186,21 @@ def run_sweep(
     try:
         for c in configs:
             if bar is not None:
-                bar.set_postfix_str(f"{c.policy} @ {c.capacity}")
+                bar.set_postfix_str(
+                    f"{_label(c.policy, c.host_capacity, c.store_capacity)} @ {c.capacity}"
+                )
             start = time.perf_counter()
-            result = replay(trace, c.policy, c.capacity, c.block_size, c.small_ratio, c.max_freq)
+            result = replay(
+                trace,
+                c.policy,
+                c.capacity,
+                c.block_size,
+                c.small_ratio,
+                c.max_freq,
+                c.host_capacity,
+                c.store_capacity,
+                c.store_write_policy,
+            )
             rows.append(SweepRow.from_result(name, result, time.perf_counter() - start))
             if bar is not None:
                 bar.update(1)
@@ -129,6 +208,16 @@ def run_sweep(
         if bar is not None:
             bar.close()
     return rows
+
+
+def _label(policy: str, host_capacity: int, store_capacity: int) -> str:
+    """``policy``, then ``+ host N`` and ``+ store N`` for the lower tiers it has."""
+    label = policy
+    if host_capacity:
+        label += f" + host {host_capacity}"
+    if store_capacity:
+        label += f" + store {store_capacity}"
+    return label
 
 
 def write_csv(rows: Sequence[SweepRow], path: str | os.PathLike[str]) -> None:
@@ -166,9 +255,13 @@ def plot_sweep(
     path: str | os.PathLike[str],
     title: str | None = None,
 ) -> None:
-    """Token hit rate vs capacity (log2 x axis), one line per policy, the ceiling dashed.
+    """Token hit rate (``combined_hit_rate``: every tier's hits) vs device capacity (log2 x
+    axis), one line per policy and lower tiers, the ceiling dashed black.
 
-    Writes a PNG to ``path``. ``ModuleNotFoundError`` without matplotlib (see ``can_plot``).
+    One tier is a solid line with circles, two (a host tier) dashed with squares,
+    three (and a store) dash-dotted with diamonds, so three-tier rates read against
+    the two- and one-tier ones. Writes a PNG to ``path``. ``ModuleNotFoundError``
+    without matplotlib (see ``can_plot``).
     """
     import matplotlib
 
@@ -176,12 +269,18 @@ def plot_sweep(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    policies = list(dict.fromkeys(r.policy for r in rows))
-    markers = "osD^v<>"
-    for i, policy in enumerate(policies):
-        pts = sorted((r.capacity, r.overall_hit_rate) for r in rows if r.policy == policy)
+    lines = list(dict.fromkeys((r.policy, r.host_capacity, r.store_capacity) for r in rows))
+    styles = {1: ("-", "o"), 2: ("--", "s"), 3: ("-.", "D")}
+    for policy, host, store in lines:
+        pts = sorted(
+            (r.capacity, r.combined_hit_rate)
+            for r in rows
+            if (r.policy, r.host_capacity, r.store_capacity) == (policy, host, store)
+        )
         xs, ys = zip(*pts, strict=True)
-        ax.plot(xs, ys, marker=markers[i % len(markers)], label=policy, linewidth=1.5)
+        style, marker = styles[1 + (host > 0) + (store > 0)]
+        label = _label(policy, host, store)
+        ax.plot(xs, ys, linestyle=style, marker=marker, label=label, linewidth=1.5)
     if ceiling is not None:
         ax.axhline(
             ceiling.overall_hit_rate,
@@ -191,8 +290,8 @@ def plot_sweep(
             label=f"infinite cache ({ceiling.overall_hit_rate:.4f})",
         )
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("cache capacity (blocks)")
-    ax.set_ylabel("token hit rate")
+    ax.set_xlabel("device cache capacity (blocks)")
+    ax.set_ylabel("token hit rate (every tier)")
     ax.set_ylim(bottom=0)
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(title or (rows[0].trace if rows else "sweep"))
