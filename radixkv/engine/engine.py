@@ -33,6 +33,7 @@ from radixkv.cache.host import WRITE_POLICIES, HostTier
 from radixkv.cache.manager import CACHE_KINDS, KVCacheManager, make_cache
 from radixkv.cache.null import NullCache
 from radixkv.cache.prefix_cache import PrefixCache
+from radixkv.cache.store.lru import MAX_CAPACITY_BYTES
 from radixkv.cache.store.protocol import KVStore
 from radixkv.cache.store.tier import STORE_WRITE_POLICIES, StoreTier
 from radixkv.checks import check_bool, check_int
@@ -181,10 +182,13 @@ class EngineConfig:
             ("cuda_graph_max_context", 1),
             ("seed", 0),
             ("host_kv_blocks", 0),
-            ("kv_store_capacity_bytes", 1),
         )
         for name, low in ints:  # stored as plain ints (a numpy int passes the check)
             object.__setattr__(self, name, check_int(name, getattr(self, name), low=low))
+        store_bytes = check_int(
+            "kv_store_capacity_bytes", self.kv_store_capacity_bytes, low=1, high=MAX_CAPACITY_BYTES
+        )
+        object.__setattr__(self, "kv_store_capacity_bytes", store_bytes)
         num_blocks = check_int("num_blocks", self.num_blocks, low=1, optional=True)
         object.__setattr__(self, "num_blocks", num_blocks)
         max_model_len = check_int("max_model_len", self.max_model_len, low=1, optional=True)

@@ -48,6 +48,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from radixkv.cache.store.lru import MAX_CAPACITY_BYTES
 from radixkv.cli_args import fail, int_in, one_line_errors, positive_int
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--kv-store-capacity",
-        type=positive_int,
+        type=int_in(1, MAX_CAPACITY_BYTES),
         default=None,
         metavar="BYTES",
         help="most bytes of entries the KV store keeps, least recently used out first (a "

@@ -157,7 +157,7 @@ def test_a_bad_argument_raises_naming_it_and_changes_nothing(
 @pytest.mark.parametrize("kind", [MemoryStore, LocalDiskStore])
 def test_a_bad_capacity_is_a_value_error_naming_it(kind: type, tmp_path: Path) -> None:
     args = () if kind is MemoryStore else (tmp_path,)
-    for bad in (0, -1, 1.5, True):
+    for bad in (0, -1, 1.5, True, (1 << 50) + 1):
         with pytest.raises(ValueError, match="capacity_bytes"):
             kind(*args, bad)
 

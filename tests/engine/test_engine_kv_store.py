@@ -206,6 +206,8 @@ def test_a_store_adds_a_write_through_host_tier_as_large_as_the_pool(model, tmp_
         ({"cache": "hash"}, "kv_store needs cache='radix'"),
         ({"kv_store_write_policy": "write_around"}, "kv_store_write_policy must be one of"),
         ({"kv_store_capacity_bytes": 0}, "kv_store_capacity_bytes"),
+        # past 1 PiB is a typo, and a Mooncake client would try to lend that much memory
+        ({"kv_store_capacity_bytes": 10**26}, "kv_store_capacity_bytes"),
         ({"host_write_through_hits": -1}, "host_write_through_hits"),
     ],
 )

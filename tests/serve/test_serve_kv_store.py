@@ -100,6 +100,8 @@ SERVE = ["serve", "--model", "random", "--port", "0"]
          "--kv-store: kv_store '{file}': path must be a directory"),
         (["--kv-store", "{dir}", "--no-enable-prefix-caching"],
          "--kv-store needs the prefix cache"),
+        (["--kv-store", "{dir}", "--kv-store-capacity", "99999999999999999999999999"],
+         "argument --kv-store-capacity: must be <="),
     ],
 )  # fmt: skip
 def test_serve_refuses_a_bad_store_in_one_line(capsys, tmp_path, flags, start) -> None:

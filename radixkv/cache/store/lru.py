@@ -15,11 +15,15 @@ from radixkv.errors import invariant
 
 __all__ = ["LruIndex"]
 
+# 1 PiB: past any disk or memory pool a store is given; a larger number is a typo, and a
+# Mooncake client lends its pool as much memory as the capacity says.
+MAX_CAPACITY_BYTES = 1 << 50
+
 
 class LruIndex:
     """Keys with their entry sizes in bytes, in use order; at most ``capacity_bytes`` in all.
 
-    ``ValueError`` naming ``capacity_bytes`` unless it is a positive int.
+    ``ValueError`` naming ``capacity_bytes`` unless it is an int in [1, ``MAX_CAPACITY_BYTES``].
 
     >>> index = LruIndex(10)
     >>> index.add(b"a", 6); index.make_room(5)
@@ -29,7 +33,9 @@ class LruIndex:
     __slots__ = ("_entries", "capacity_bytes", "used_bytes")
 
     def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = check_int("capacity_bytes", capacity_bytes, low=1)
+        self.capacity_bytes = check_int(
+            "capacity_bytes", capacity_bytes, low=1, high=MAX_CAPACITY_BYTES
+        )
         self.used_bytes = 0
         self._entries: OrderedDict[bytes, int] = OrderedDict()
 
