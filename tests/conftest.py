@@ -19,7 +19,7 @@ from mooncake_helpers import mooncake_master, mooncake_pool  # noqa: F401 (sessi
 
 settings.register_profile(
     "ci",
-    max_examples=100,
+    max_examples=50,  # not derandomized: each CI run draws new examples
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,

@@ -51,9 +51,7 @@ CPU_BACKENDS = [b for b in DECODER_BACKENDS if b != "triton" or triton_backend_r
 # Triton's interpreter (one Python call per program instance, ~100x slower), so the
 # property tests that draw many workloads use these, and triton is checked on fixed
 # scenarios (test_engine.py's test_every_backend_with_cache_equals_loop_without).
-FAST_CPU_BACKENDS = [
-    b for b in CPU_BACKENDS if b != "triton" or triton_backend_runs_on("cuda")
-]
+FAST_CPU_BACKENDS = [b for b in CPU_BACKENDS if b != "triton"]
 
 
 def skip_unless_runs(backend: str, device: str) -> None:
