@@ -48,6 +48,7 @@ from radixkv.cache.radix import RadixCache
 from radixkv.cache.store import KVStore, MemoryStore, StoreKeyspace
 from radixkv.cache.store.entry import HEADER_BYTES
 from radixkv.cache.store.tier import STORE_WRITE_POLICIES, StoreTier
+from radixkv.cache.tiered import TieredRadixCache
 from radixkv.checks import check_int, check_number
 from radixkv.fleet.service import ServiceModel
 
@@ -222,7 +223,7 @@ class SharedStore:
             eviction=eviction,
             store=tier,
         )
-        return RadixCache(allocator, eviction=eviction, events=events, host=host)
+        return TieredRadixCache(allocator, eviction=eviction, events=events, host=host)
 
     def place(
         self, cache: RadixCache, tokens: np.ndarray, namespace: Hashable, exclusive: bool
