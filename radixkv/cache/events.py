@@ -8,6 +8,10 @@ the pending list. A stream of (hash, parent) pairs is the cache's prefix tree,
 serialized: a router that applies it holds an exact copy of which prefixes a
 replica has (``radixkv.fleet``).
 
+An event's ``medium`` is the tier the blocks entered or left: ``"GPU"`` (the
+device), ``"CPU"`` (a host copy, ``radixkv.cache.tiered``) or ``"STORAGE"`` (a
+put a store below the host took; announced, never removed: docs/store.md).
+
 The classes are vLLM's (0.33) ``KVCacheEvent`` schema, field for field and in
 order, as ``msgspec`` structs, so ``radixkv.fleet.wire`` encodes them
 byte-compatibly with vLLM's ZMQ publisher and existing consumers (llm-d's
@@ -51,6 +55,7 @@ __all__ = [
 
 MEDIUM = "GPU"  # vLLM's name for the device tier, whatever the device
 HOST_MEDIUM = "CPU"  # vLLM's name for the host tier (CPU offloading)
+STORAGE_MEDIUM = "STORAGE"  # vLLM's name for a store below the host (disk, a remote pool)
 SPEC_KIND = "full_attention"
 
 
@@ -171,7 +176,8 @@ class EventLog:
 
         ``parent`` is the digest of the block before them, None at the root;
         ``first_extra`` the namespace's keys when the first block is at the root;
-        ``medium`` the tier they entered (``"GPU"``, or ``"CPU"`` for a host copy).
+        ``medium`` the tier they entered (``"GPU"``, ``"CPU"`` for a host copy, or
+        ``"STORAGE"`` for a put a store took).
         """
         wire = self.hasher.wire
         extra: list[tuple[Any, ...] | None] | None = None

@@ -43,7 +43,7 @@ from radixkv.cache.arrays import (
     as_token_array,
     common_prefix_len,
 )
-from radixkv.cache.events import HOST_MEDIUM, MEDIUM, KVCacheEvent
+from radixkv.cache.events import HOST_MEDIUM, MEDIUM, STORAGE_MEDIUM, KVCacheEvent
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.node import EMPTY_BLOCKS as _EMPTY_BLOCKS
@@ -203,9 +203,17 @@ class RadixCache:
 
         ``medium`` is ``"GPU"`` (the device blocks, the default) or ``"CPU"`` (the host
         copies, with a host tier). Unordered (tree order); sort it to compare.
-        ``ValueError`` naming ``medium`` for another value, and ``ValueError`` if events
+        ``ValueError`` naming ``medium`` for another value, ``"STORAGE"`` included (a
+        store drops entries unseen, so its events are never removed and net out to
+        nothing the cache could list: docs/store.md), and ``ValueError`` if events
         are off (no block has a hash). Changes nothing. Complexity: O(cached blocks).
         """
+        if medium == STORAGE_MEDIUM:
+            raise ValueError(
+                f"medium must be one of {_MEDIA}, got {medium!r}: a store drops entries this "
+                "cache never sees, so its 'STORAGE' events are announcements with no removals "
+                "to net against; ask the store (contains_run)"
+            )
         if medium not in _MEDIA:
             raise ValueError(f"medium must be one of {_MEDIA}, got {medium!r}")
         if self._events.hasher is None:

@@ -46,7 +46,7 @@ from sortedcontainers import SortedList
 from radixkv.cache import kernels
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq, as_token_array
-from radixkv.cache.events import HOST_MEDIUM
+from radixkv.cache.events import HOST_MEDIUM, STORAGE_MEDIUM
 from radixkv.cache.eviction import EvictionOrder, make_eviction_order
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.host import HostTier
@@ -138,6 +138,8 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         self._store: StoreTier | NoStore = NO_STORE if host.store is None else host.store
         # the tree's own arguments and state; it claims both pools last (_claim_pools)
         super().__init__(allocator, eviction, events=events, max_pinned_blocks=max_pinned_blocks)
+        # with events on, a put that wrote fewer blocks than it offered asks what is stored
+        self._confirm_puts = self._events.hasher is not None
 
     # ------------------------------------------------------------ properties
     @property
@@ -445,8 +447,9 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
                     skipped.append(entry)
                     continue
                 node.host_entry = None
-                if not node.blocks:
-                    self._store.released(node)  # write_back: to the store before it goes
+                if not node.blocks:  # write_back: to the store before it goes
+                    put = self._store.released(node, confirm=self._confirm_puts)
+                    self._announce_stored(node, put)
                 freed += self._release_copy(node)
                 if not node.blocks:
                     self._unlink(node)
@@ -479,8 +482,16 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         self._host_index(node)
         self._stats.backed_up_blocks += k
         self._events.stored(node, HOST_MEDIUM)
-        self._store.backed_up(node)  # write_through: to the store as well
+        # write_through: to the store as well
+        self._announce_stored(node, self._store.backed_up(node, confirm=self._confirm_puts))
         return True
+
+    def _announce_stored(self, node: Node, num_blocks: int) -> None:
+        """The store tier's put left ``node``'s first ``num_blocks`` blocks stored: with events
+        on, a ``BlockStored`` on ``"STORAGE"`` for them (no store eviction is ever seen, so
+        none is removed: docs/store.md, "KV events")."""
+        if num_blocks:
+            self._events.stored(node, STORAGE_MEDIUM, num_blocks)
 
     def _release_copy(self, node: Node) -> int:
         """Drop ``node``'s host copy; return its blocks."""

@@ -97,10 +97,16 @@ class TreeEvents:
         head.digests = digests[:cut]
         tail.digests = digests[cut:]
 
-    def stored(self, node: Node, medium: str = MEDIUM) -> None:
-        """Record that ``node``'s blocks (hashed already) entered the tier ``medium``."""
+    def stored(self, node: Node, medium: str = MEDIUM, num_blocks: int | None = None) -> None:
+        """Record that ``node``'s blocks (hashed already), or its first ``num_blocks`` of them,
+        entered the tier ``medium``."""
         _, parent, extra = self._chain_start(node.parent)
-        self.log.stored(self._digest_list(node.digests), parent, node.tokens(), extra, medium)
+        digests = self._digest_list(node.digests)
+        tokens = node.tokens()
+        if num_blocks is not None:
+            digests = digests[:num_blocks]
+            tokens = tokens[: num_blocks * self._bs]
+        self.log.stored(digests, parent, tokens, extra, medium)
 
     def removed(self, node: Node, medium: str = MEDIUM) -> None:
         """Record that ``node``'s blocks left the tier ``medium`` (one event per block)."""
@@ -172,7 +178,7 @@ class NoTreeEvents:
     def split(self, head: Node, tail: Node, k: int) -> None:
         """No digests to split."""
 
-    def stored(self, node: Node, medium: str = MEDIUM) -> None:
+    def stored(self, node: Node, medium: str = MEDIUM, num_blocks: int | None = None) -> None:
         """Records nothing."""
 
     def removed(self, node: Node, medium: str = MEDIUM) -> None:

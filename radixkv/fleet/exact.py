@@ -18,7 +18,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from radixkv.cache.events import (
-    HOST_MEDIUM,
+    MEDIUM,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -31,6 +31,7 @@ from radixkv.fleet.index_base import Clock, _Clocked, _sizeof
 __all__ = ["ExactIndex"]
 
 _FREE: Hashable = object()  # an unused bit slot
+_DEVICE_MEDIA = (MEDIUM, None)  # None: a vLLM that names no medium means the device
 
 
 @dataclass(eq=False)
@@ -55,8 +56,9 @@ class ExactIndex(_Clocked):
     recipe and seed (:func:`~radixkv.cache.hashing.chain_hashes`). Parent hashes are not needed: a
     request's chain is walked from its first block and stops at the first
     miss. The index tracks the device tier: events whose ``medium`` is
-    ``"CPU"`` (a replica's host tier, ``radixkv.cache.host``) are skipped, so
-    a host copy neither adds a block nor keeps one the device dropped.
+    neither ``"GPU"`` nor None are skipped (``"CPU"``, a replica's host tier,
+    ``radixkv.cache.host``; ``"STORAGE"``, its store tier), so a host copy or
+    a stored block neither adds a block nor keeps one the device dropped.
 
     Real entries live in a table ``hash -> bit mask of the replicas holding
     it`` (a bit slot per replica, reused after ``drop_replica``), so a match
@@ -202,8 +204,8 @@ class ExactIndex(_Clocked):
         clear = ~bit
         real = self._real[replica_id]
         for ev in events:
-            if getattr(ev, "medium", None) == HOST_MEDIUM:
-                continue  # the device tier only: a host copy is not a device hit
+            if getattr(ev, "medium", None) not in _DEVICE_MEDIA:
+                continue  # the device tier only: a host copy or a stored block is no device hit
             if isinstance(ev, BlockStored):
                 if self.block_size is not None and ev.block_size != self.block_size:
                     raise ValueError(

@@ -15,7 +15,10 @@ such as ``KeyboardInterrupt`` passes):
   eviction deletes is put before its host blocks are freed
   (:meth:`StoreTier.released`); under ``"write_through"`` each backup to the host
   is put at once (:meth:`StoreTier.backed_up`) and host eviction drops freely.
-  A node's bytes come from the host pool through the :class:`ByteCopier`.
+  A node's bytes come from the host pool through the :class:`ByteCopier`. Both hooks
+  return how many of the node's blocks the put left stored (all when the store wrote
+  each; with ``confirm``, what ``contains_run`` finds when it wrote fewer), which the
+  cache announces as ``BlockStored`` on ``"STORAGE"``.
 - **match** (:meth:`StoreTier.lookup`): past the tree's whole match, the keys of
   the query's next full blocks are hashed and ``contains_run`` says how many are
   stored (``MatchResult.store_num_tokens``); the tier keeps that run for the
@@ -272,13 +275,10 @@ class StoreTier:
                 parent = digests[(k - 1) * DIGEST_BYTES : k * DIGEST_BYTES]
             chain = ks.chain_from(parent, tokens, namespace)
             keys = [ks.key(d, namespace) for d in chain]
-            found = self._store.contains_run(keys)
-        except Exception as exc:  # a store that raises is a miss
+        except Exception as exc:
             self._fault("contains_run", exc)
             return 0
-        if type(found) is not int or not 0 <= found <= len(keys):
-            self._fault("contains_run", f"answered {found!r:.40} for {len(keys)} keys")
-            return 0
+        found = self._contains_run(keys)
         stats.found_blocks += found
         self._run_keys = keys[:found]
         self._run_digests = chain[:found]
@@ -334,17 +334,17 @@ class StoreTier:
         stats.loaded_bytes += n * size
         return b"".join(digests[:n])
 
-    def released(self, node: Node) -> None:
+    def released(self, node: Node, *, confirm: bool = False) -> int:
         """Host eviction is about to free host-only leaf ``node``'s host blocks: under
-        ``write_back``, put them. Never raises for a fault. Complexity: O(bytes moved)."""
-        if self._write_back:
-            self._put(node)
+        ``write_back``, put them. Returns the blocks the put left stored (:meth:`_put`; 0
+        under ``write_through``). Never raises for a fault. Complexity: O(bytes moved)."""
+        return self._put(node, confirm) if self._write_back else 0
 
-    def backed_up(self, node: Node) -> None:
-        """``node`` just got a host copy: under ``write_through``, put it. Never raises for a
+    def backed_up(self, node: Node, *, confirm: bool = False) -> int:
+        """``node`` just got a host copy: under ``write_through``, put it. Returns the blocks
+        the put left stored (:meth:`_put`; 0 under ``write_back``). Never raises for a
         fault. Complexity: O(bytes moved)."""
-        if not self._write_back:
-            self._put(node)
+        return 0 if self._write_back else self._put(node, confirm)
 
     def split(self, head: Node, tail: Node, k: int) -> None:
         """``head`` took the first ``k`` blocks of ``tail``: so do the digests."""
@@ -396,7 +396,11 @@ class StoreTier:
             n.store_digests = b"".join(ks.chain_from(last, n.tokens(), namespace))
         return node.store_digests, namespace  # type: ignore[return-value]
 
-    def _put(self, node: Node) -> None:
+    def _put(self, node: Node, confirm: bool) -> int:
+        """Put ``node``'s blocks; return how many of them, from the first, the store is known
+        to hold after it (what the cache announces as ``"STORAGE"``): all when ``put_many``
+        wrote every one; when it wrote fewer (some were stored already, or it refused some),
+        the run one more ``contains_run`` finds if ``confirm``, else 0. 0 after a fault."""
         stats = self._stats
         host = node.host_ids()
         stats.put_blocks += len(host)
@@ -417,18 +421,33 @@ class StoreTier:
             ):
                 why = f"gave no {len(keys)} payloads of {size} bytes"
                 self._fault("host_blocks_to_bytes", why)
-                return
+                return 0
             written = self._store.put_many(list(zip(keys, payloads, strict=True)))
         except Exception as exc:  # a write that fails is a write skipped
             self._fault("put_many", exc)
-            return
+            return 0
         finally:
             stats.store_seconds += time.perf_counter() - start
         if type(written) is not int or not 0 <= written <= len(keys):
             self._fault("put_many", f"answered {written!r:.40} for {len(keys)} entries")
-            return
+            return 0
         stats.stored_blocks += written
         stats.stored_bytes += written * self._bytes_per_block
+        if written == len(keys):
+            return written
+        return self._contains_run(keys) if confirm else 0
+
+    def _contains_run(self, keys: list[bytes]) -> int:
+        """The store's ``contains_run(keys)``; 0 when it raises or answers out of contract."""
+        try:
+            found = self._store.contains_run(keys)
+        except Exception as exc:  # a store that raises is a miss
+            self._fault("contains_run", exc)
+            return 0
+        if type(found) is not int or not 0 <= found <= len(keys):
+            self._fault("contains_run", f"answered {found!r:.40} for {len(keys)} keys")
+            return 0
+        return found
 
     def _fault(self, op: str, why: object) -> None:
         self._stats.errors += 1
@@ -470,11 +489,13 @@ class NoStore:
     def fetch(self, host: np.ndarray) -> bytes:
         return b""
 
-    def released(self, node: Node) -> None:
-        """Writes nothing."""
+    def released(self, node: Node, *, confirm: bool = False) -> int:
+        """Writes nothing: 0 blocks stored."""
+        return 0
 
-    def backed_up(self, node: Node) -> None:
-        """Writes nothing."""
+    def backed_up(self, node: Node, *, confirm: bool = False) -> int:
+        """Writes nothing: 0 blocks stored."""
+        return 0
 
     def split(self, head: Node, tail: Node, k: int) -> None:
         """No digests to split."""
