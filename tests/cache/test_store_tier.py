@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import note, settings
@@ -23,8 +24,8 @@ from test_host_tier_stateful import HostTierMachine, longest, tier_prefixes
 
 from radixkv import BlockAllocator
 from radixkv.cache import TieredRadixCache
-from radixkv.cache.events import BlockStored
-from radixkv.cache.hashing import ChainHasher
+from radixkv.cache.events import BlockRemoved, BlockStored
+from radixkv.cache.hashing import ChainHasher, chain_hashes
 from radixkv.cache.host import HostTier
 from radixkv.cache.prefix_cache import namespace_key
 from radixkv.cache.store import LocalDiskStore, MemoryStore, StoreKeyspace
@@ -491,6 +492,170 @@ def test_a_copier_that_raises_on_write_frees_the_host_blocks_it_took() -> None:
     assert s.tier.stats.errors == 1
     s.cache.reset()
     assert s.halloc.num_free == 16
+
+
+# ------------------------------------------------------------------ KV events on "STORAGE"
+SEQUENCES = [  # what event_workload serves: (tokens, namespace)
+    (TOKENS, None),
+    ([*TOKENS[:6], 7, 8, 9, 10], None),
+    (TOKENS, "t"),
+    ([5] * 9, None),
+    (list(range(200, 220)), None),
+]
+
+
+def event_workload(s: Setup) -> list:
+    """A fixed workload over every tier: inserts sharing prefixes, a namespace, eviction to
+    the host, loads back, host eviction (write_back puts there), loads from the store, a
+    reset. Returns every event, oldest first."""
+    events = []
+    for tokens, ns in SEQUENCES[:4]:
+        s.serve(tokens, ns)
+    events += s.cache.take_events()
+    s.cache.evict(10**9)
+    s.serve(TOKENS)
+    s.serve(SEQUENCES[4][0])
+    events += s.cache.take_events()
+    s.cache.evict_host(10**9)
+    s.serve(TOKENS, "t")
+    s.serve(SEQUENCES[1][0])
+    s.cache.reset()
+    s.serve(TOKENS)
+    return events + s.cache.take_events()
+
+
+@pytest.mark.parametrize(
+    ("host_policy", "digest"),
+    [
+        ("write_back", "8db9d928c36780b9fe561c9d653c2d5d618010ef2e164b288d6b5d105642f2ad"),
+        ("write_through", "16d2eba7748a5778402d9d1baf6e9a3032d15c81495d1b6e262f12eb27da5743"),
+    ],
+)
+def test_without_a_store_the_event_stream_is_byte_for_byte_what_it_was(
+    host_policy: str, digest: str
+) -> None:
+    """The msgpack bytes of event_workload's events with no store, pinned as they were before
+    the store tier's puts became events (commit 340f329)."""
+    events = event_workload(Setup(None, events=True, host_policy=host_policy))
+    assert {e.medium for e in events if isinstance(e, BlockStored)} == {"GPU", "CPU"}
+    assert hashlib.sha256(msgspec.msgpack.encode(events)).hexdigest() == digest
+
+
+class RecordingStore(MemoryStore):
+    """A MemoryStore that records, for each ``put_many``, the keys offered, how many it
+    wrote and the run of them it holds right after."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.puts: list[tuple[list[bytes], int, int]] = []
+
+    def put_many(self, items):
+        keys = [k for k, _ in items]
+        written = super().put_many(items)
+        self.puts.append((keys, written, super().contains_run(keys)))
+        return written
+
+
+def chain_index(hasher: ChainHasher) -> tuple[dict[bytes, int], dict[int, tuple]]:
+    """For every block of SEQUENCES: store key -> wire hash, and wire hash -> (parent wire
+    hash or None, the block's tokens), computed from scratch."""
+    by_key: dict[bytes, int] = {}
+    block: dict[int, tuple] = {}
+    for tokens, ns in SEQUENCES:
+        wire = chain_hashes(hasher, tokens, BS, ns)
+        by_key.update(zip(keyspace().block_keys(tokens, ns), wire, strict=True))
+        for i, h in enumerate(wire):
+            block[h] = (wire[i - 1] if i else None, tokens[i * BS : (i + 1) * BS])
+    return by_key, block
+
+
+@pytest.mark.parametrize("host_policy", ["write_back", "write_through"])
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_each_put_the_store_took_is_a_block_stored_on_storage(
+    policy: str, host_policy: str
+) -> None:
+    """One BlockStored on "STORAGE" per put, in order, naming the event hashes (not the store
+    keys) of the run the store holds after it, with their parent hash and tokens; a put of
+    blocks stored already (a run fetched or computed again) is announced too."""
+    store = RecordingStore(1 << 20)
+    s = Setup(store, events=True, policy=policy, host_policy=host_policy)
+    events = event_workload(s)
+    for again in (True, False):
+        s.cache.evict(10**9)
+        s.cache.evict_host(10**9)
+        if again:
+            s.serve(TOKENS, load=False)  # computed again, not loaded: its put finds it stored
+    events += s.cache.take_events()
+    by_key, block = chain_index(s.cache.events_hasher)
+    storage = [e for e in events if getattr(e, "medium", None) == "STORAGE"]
+    assert all(isinstance(e, BlockStored) for e in storage)  # announced, never removed
+    assert [e.block_hashes for e in storage] == [
+        [by_key[k] for k in keys[:held]] for keys, _, held in store.puts if held
+    ]
+    assert any(written < len(keys) == held for keys, written, held in store.puts)
+    for e in storage:
+        first = e.block_hashes[0]
+        assert e.parent_block_hash == block[first][0]
+        assert e.token_ids == [t for h in e.block_hashes for t in block[h][1]]
+        assert (e.block_size, e.group_idx, e.lora_id) == (BS, 0, None)
+
+
+def test_a_put_the_store_took_in_part_announces_the_run_it_holds() -> None:
+    """A store that keeps only the first blocks of a put: the event names those, below the
+    node's parent."""
+    store = RecordingStore(1 << 20)
+    s = Setup(store, events=True)
+    s.serve(TOKENS[:4])
+    s.serve(TOKENS)  # a second node: blocks 2..5 below block 1
+    honest = MemoryStore.put_many
+    store.put_many = lambda items: honest(store, items[:2])  # type: ignore[method-assign]
+    s.cache.evict(10**9)
+    s.cache.take_events()
+    s.cache.evict_host(1)  # the leaf (blocks 2..5) goes first
+    hasher = s.cache.events_hasher
+    wire = chain_hashes(hasher, TOKENS, BS, None)
+    (event,) = [e for e in s.cache.take_events() if getattr(e, "medium", None) == "STORAGE"]
+    assert (event.block_hashes, event.parent_block_hash) == (wire[2:4], wire[1])
+    assert event.token_ids == TOKENS[4:8]
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+@pytest.mark.parametrize("fault", ["raise", "garbage", "full", "confirm raises"])
+def test_no_storage_event_when_the_store_refuses_or_fails(policy: str, fault: str) -> None:
+    if fault == "full":
+        store: object = MemoryStore(PAYLOAD)  # smaller than one entry: refuses every put
+    else:
+        store = FaultyStore("honest")
+        if fault == "confirm raises":  # it wrote nothing, and asking what it holds raises
+            store.put_many = lambda items: 0  # type: ignore[method-assign]
+            store.mode = "raise"
+        else:
+            store.mode, store.garbage = fault, "six"
+    s = Setup(store, events=True, policy=policy)
+    s.serve(TOKENS)
+    s.to_store()
+    events = s.cache.take_events()
+    assert {e.medium for e in events if isinstance(e, BlockStored)} == {"GPU", "CPU"}
+    assert s.tier.stats.put_blocks == 6
+
+
+def test_block_hashes_nets_the_device_and_host_events_and_refuses_storage() -> None:
+    s = Setup(MemoryStore(1 << 20), events=True, policy="write_through")
+    net: dict[str, set[int]] = {"GPU": set(), "CPU": set(), "STORAGE": set()}
+    announced = 0
+    for e in event_workload(s):
+        if isinstance(e, BlockStored):
+            net[e.medium].update(e.block_hashes)
+            announced += e.medium == "STORAGE"
+        elif isinstance(e, BlockRemoved):
+            net[e.medium].difference_update(e.block_hashes)
+        else:
+            net = {m: set() for m in net}
+    for medium in ("GPU", "CPU"):
+        assert sorted(s.cache.block_hashes(medium)) == sorted(net[medium]), medium
+    assert announced
+    with pytest.raises(ValueError, match="medium must be one of .* got 'STORAGE': a store"):
+        s.cache.block_hashes("STORAGE")
 
 
 # ------------------------------------------------------------------ arguments and checks

@@ -275,6 +275,27 @@ def test_exact_index_tracks_the_device_tier_of_a_replica_with_a_host_tier() -> N
     idx.check()
 
 
+def test_exact_index_skips_a_replicas_storage_events() -> None:
+    """A store tier's BlockStored (medium "STORAGE") is no device hit: it neither adds a block
+    nor keeps one the device dropped, whatever order it comes in."""
+    from cache_helpers import cache_with_store
+
+    idx = ExactIndex(block_size=BS, clock=FakeClock())
+    idx.apply("r1", [BlockStored(chain(A), None, A, BS, None, "STORAGE", None)])
+    assert idx.match(chain(A)) == {} and idx.blocks("r1") == set()
+    dev, cache = cache_with_store(HASHER, BS, 16)
+    blocks = dev.alloc(10)
+    cache.insert(A, blocks)
+    dev.decref(blocks)
+    cache.evict(10)  # to the host: GPU removed
+    cache.evict_host(100)  # to the store (write_back): STORAGE stored, then CPU removed
+    events = cache.take_events()
+    assert [e.medium for e in events if isinstance(e, BlockStored)] == ["GPU", "CPU", "STORAGE"]
+    idx.apply("r0", events)
+    assert idx.match(chain(A)) == {} and idx.blocks("r0") == set()
+    idx.check()
+
+
 def test_exact_blocks_stored_after_a_clear_in_the_same_batch_are_kept() -> None:
     """An ``AllBlocksCleared`` empties the replica where it stands; what follows it applies."""
     idx = ExactIndex(block_size=BS, clock=FakeClock())

@@ -127,6 +127,22 @@ def test_event_log_output_round_trips() -> None:
     assert decode_batch(encode_batch(events, ts=3.25)).events == events
 
 
+def test_a_store_tiers_events_round_trip_with_their_medium() -> None:
+    """A tiered cache's events, "STORAGE" ones included, come back from the wire unchanged."""
+    from cache_helpers import cache_with_store
+
+    dev, cache = cache_with_store(ChainHasher("xxhash", seed=0), 4, 8, "write_through")
+    blocks = dev.alloc(3)
+    cache.insert(np.arange(12), blocks)
+    dev.decref(blocks)
+    cache.evict(3)
+    events = cache.take_events()
+    assert [e.medium for e in events if isinstance(e, BlockStored)] == ["GPU", "CPU", "STORAGE"]
+    payload = encode_batch(events, ts=4.5, data_parallel_rank=1)
+    assert b"\xa7STORAGE" in payload  # fixstr of 7 bytes
+    assert decode_batch(payload) == EventBatch(4.5, events, 1)
+
+
 # ------------------------------------------------------------ the encoding rules
 u64 = st.integers(0, 2**64 - 1)
 small = st.integers(-(2**31), 2**31 - 1)
