@@ -622,21 +622,26 @@ def test_a_put_the_store_took_in_part_announces_the_run_it_holds() -> None:
 @pytest.mark.parametrize("policy", ["write_back", "write_through"])
 @pytest.mark.parametrize("fault", ["raise", "garbage", "full", "confirm raises"])
 def test_no_storage_event_when_the_store_refuses_or_fails(policy: str, fault: str) -> None:
-    if fault == "full":
-        store: object = MemoryStore(PAYLOAD)  # smaller than one entry: refuses every put
-    else:
-        store = FaultyStore("honest")
-        if fault == "confirm raises":  # it wrote nothing, and asking what it holds raises
-            store.put_many = lambda items: 0  # type: ignore[method-assign]
-            store.mode = "raise"
-        else:
-            store.mode, store.garbage = fault, "six"
+    """No BlockStored on "STORAGE" for a put the store raised on, answered out of contract or
+    refused; once it is honest again, the next put is announced."""
+    store = FaultyStore("honest", PAYLOAD if fault == "full" else 1 << 20)  # full: refuses all
+    if fault == "confirm raises":  # it wrote nothing, and asking what it holds raises
+        store.put_many = lambda items: 0  # type: ignore[method-assign]
+        store.mode = "raise"
+    elif fault != "full":
+        store.mode, store.garbage = fault, "six"
     s = Setup(store, events=True, policy=policy)
     s.serve(TOKENS)
     s.to_store()
-    events = s.cache.take_events()
-    assert {e.medium for e in events if isinstance(e, BlockStored)} == {"GPU", "CPU"}
-    assert s.tier.stats.put_blocks == 6
+    media = {e.medium for e in s.cache.take_events() if isinstance(e, BlockStored)}
+    assert media == {"GPU", "CPU"} and s.tier.stats.put_blocks == 6
+    store.inner, store.mode = MemoryStore(1 << 20), "honest"
+    vars(store).pop("put_many", None)
+    s.serve(TOKENS)
+    s.to_store()
+    storage = [e for e in s.cache.take_events() if getattr(e, "medium", None) == "STORAGE"]
+    want = chain_hashes(s.cache.events_hasher, TOKENS, BS, None)
+    assert [e.block_hashes for e in storage] == [want]
 
 
 def test_block_hashes_nets_the_device_and_host_events_and_refuses_storage() -> None:
