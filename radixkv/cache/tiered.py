@@ -25,7 +25,9 @@ first under ``write_back``), backup (``_backup``: written through to the store
 under ``write_through``), ``match`` (asks the store for the run past the host
 prefix) and ``load`` (brings that run through the host); the store also splits
 its digests with a node (``_on_split``), claims itself with the pools and adds
-its own invariants to ``check``.
+its own invariants to ``check``. Each write reports the run of the node's blocks
+the store took, which the event log records as a ``BlockStored`` on
+``"STORAGE"`` (``_announce_stored``; nothing records a store's evictions).
 
 **The host tier's state** (all of it here): the host pool's held-block map,
 the host eviction index over two kinds of candidates (host-only leaves,

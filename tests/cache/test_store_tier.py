@@ -644,6 +644,22 @@ def test_no_storage_event_when_the_store_refuses_or_fails(policy: str, fault: st
     assert [e.block_hashes for e in storage] == [want]
 
 
+@pytest.mark.parametrize("events", [False, True])
+def test_a_put_that_wrote_fewer_asks_the_store_again_only_with_events_on(events: bool) -> None:
+    """The confirming ``contains_run`` after a put of blocks stored already is paid only by a
+    cache whose events announce it."""
+    store = FaultyStore("honest")
+    s = Setup(store, events=events)
+    s.serve(TOKENS)
+    s.to_store()
+    s.serve(TOKENS, load=False)  # computed again: its put finds every block stored
+    asked = []
+    honest = store.contains_run
+    store.contains_run = lambda keys: asked.append(len(keys)) or honest(keys)  # type: ignore
+    s.to_store()
+    assert s.tier.stats.stored_blocks == 6 and asked == ([6] if events else [])
+
+
 def test_block_hashes_nets_the_device_and_host_events_and_refuses_storage() -> None:
     s = Setup(MemoryStore(1 << 20), events=True, policy="write_through")
     net: dict[str, set[int]] = {"GPU": set(), "CPU": set(), "STORAGE": set()}

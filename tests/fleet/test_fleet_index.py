@@ -283,6 +283,9 @@ def test_exact_index_skips_a_replicas_storage_events() -> None:
     idx = ExactIndex(block_size=BS, clock=FakeClock())
     idx.apply("r1", [BlockStored(chain(A), None, A, BS, None, "STORAGE", None)])
     assert idx.match(chain(A)) == {} and idx.blocks("r1") == set()
+    idx.apply("r1", [BlockStored(chain(A)[:2], None, A[:8], BS, None, None, None)])
+    assert idx.match(chain(A)) == {"r1": 2}  # no medium: vLLM's device
+    idx.drop_replica("r1")
     dev, cache = cache_with_store(HASHER, BS, 16)
     blocks = dev.alloc(10)
     cache.insert(A, blocks)

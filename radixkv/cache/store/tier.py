@@ -336,14 +336,16 @@ class StoreTier:
 
     def released(self, node: Node, *, confirm: bool = False) -> int:
         """Host eviction is about to free host-only leaf ``node``'s host blocks: under
-        ``write_back``, put them. Returns the blocks the put left stored (:meth:`_put`; 0
-        under ``write_through``). Never raises for a fault. Complexity: O(bytes moved)."""
+        ``write_back``, put them. Returns how many of its blocks, from the first, the put
+        left stored: all when the store wrote each; when it wrote fewer, what one more
+        ``contains_run`` finds if ``confirm``, else 0; 0 under ``write_through`` or after a
+        fault. Never raises for a fault. Complexity: O(bytes moved)."""
         return self._put(node, confirm) if self._write_back else 0
 
     def backed_up(self, node: Node, *, confirm: bool = False) -> int:
-        """``node`` just got a host copy: under ``write_through``, put it. Returns the blocks
-        the put left stored (:meth:`_put`; 0 under ``write_back``). Never raises for a
-        fault. Complexity: O(bytes moved)."""
+        """``node`` just got a host copy: under ``write_through``, put it. Returns as
+        :meth:`released` (0 under ``write_back``). Never raises for a fault.
+        Complexity: O(bytes moved)."""
         return 0 if self._write_back else self._put(node, confirm)
 
     def split(self, head: Node, tail: Node, k: int) -> None:
@@ -397,10 +399,9 @@ class StoreTier:
         return node.store_digests, namespace  # type: ignore[return-value]
 
     def _put(self, node: Node, confirm: bool) -> int:
-        """Put ``node``'s blocks; return how many of them, from the first, the store is known
-        to hold after it (what the cache announces as ``"STORAGE"``): all when ``put_many``
-        wrote every one; when it wrote fewer (some were stored already, or it refused some),
-        the run one more ``contains_run`` finds if ``confirm``, else 0. 0 after a fault."""
+        """Put ``node``'s blocks; return what :meth:`released` returns. A store that wrote
+        fewer than offered had some stored already or refused some: ``put_many``'s count
+        cannot tell which, so only ``contains_run`` can."""
         stats = self._stats
         host = node.host_ids()
         stats.put_blocks += len(host)
