@@ -31,6 +31,7 @@ from mooncake_helpers import pool_store
 
 from radixkv.cache.store import KEY_BYTES, KVStore, LocalDiskStore, MemoryStore, StoreKeyspace
 from radixkv.cache.store.entry import HEADER_BYTES, decode, encode
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import CHAIN_SEED
 from radixkv.cache.store.local import STALE_TMP_SECONDS
 from radixkv.cache.store.mooncake import MooncakeStore
@@ -402,6 +403,19 @@ def test_a_failing_disk_never_raises_it_counts_and_logs(
     assert "put failed" in caplog.text and "get failed" in caplog.text
     assert not list(tmp_path.glob("**/*.tmp"))
     store.check()
+
+
+def test_a_fault_counter_logs_the_first_then_at_every_power_of_two() -> None:
+    """One schedule for every fault log (the tier's, each backend's, a corrupt entry's)."""
+    assert [n for n in range(1, 1100) if log_due(n)] == [1 << i for i in range(11)]
+    # a call that adds several faults at once (Mooncake counts a batch's keys) logs once when
+    # the counter passed a power of two on the way, and only then
+    count, logged = 0, []
+    for added in [1, 1, 1, 1, 3, 1, 5, 0, 9, 2, 1000, 10]:
+        count += added
+        if log_due(count, added):
+            logged.append(count)
+    assert logged == [1, 2, 4, 8, 22, 1024]
 
 
 def _write_same_blocks(path: str, keys: list[bytes], size: int, barrier, errors) -> None:

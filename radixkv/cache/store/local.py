@@ -41,6 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header, log_corrupt
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import KEY_BYTES, check_items, check_keys
 from radixkv.cache.store.lru import LruIndex
 from radixkv.cache.store.protocol import StoreStats
@@ -239,7 +240,7 @@ class LocalDiskStore:
     def _fault(self, op: str, exc: OSError) -> None:
         self._stats.errors += 1
         n = self._stats.errors
-        if n & (n - 1) == 0:
+        if log_due(n):
             logger.warning(
                 "kv store %s: %s failed (%s); served as a miss, the engine recomputes "
                 "(%d store faults so far)",

@@ -52,6 +52,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode, log_corrupt
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import check_items, check_keys
 from radixkv.cache.store.lru import LruIndex
 from radixkv.cache.store.protocol import StoreStats
@@ -532,9 +533,8 @@ class MooncakeStore:
 
     def _fault(self, op: str, detail: str, cost: int) -> None:
         stats = self._stats
-        before = stats.errors
         stats.errors += cost
-        if stats.errors.bit_length() > before.bit_length():  # the first, then at powers of two
+        if log_due(stats.errors, cost):
             logger.warning(
                 "kv store mooncake %s:%d: %s failed (%s); served as a miss, the engine "
                 "recomputes (%d store faults so far)",
