@@ -37,14 +37,12 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header, log_corrupt
 from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import KEY_BYTES, check_items, check_keys
-from radixkv.cache.store.lru import LruIndex
-from radixkv.cache.store.protocol import StoreStats
+from radixkv.cache.store.lru import LruStore
 
 __all__ = ["STALE_TMP_SECONDS", "LocalDiskStore"]
 
@@ -54,7 +52,7 @@ STALE_TMP_SECONDS = 600.0
 _HEX = frozenset("0123456789abcdef")
 
 
-class LocalDiskStore:
+class LocalDiskStore(LruStore):
     """A :class:`~radixkv.cache.store.protocol.KVStore` in the directory ``path``, at most
     ``capacity_bytes`` of entries (payload plus the 64-byte header); see the module docstring.
 
@@ -70,11 +68,10 @@ class LocalDiskStore:
     """
 
     def __init__(self, path: str | os.PathLike[str], capacity_bytes: int) -> None:
-        self._index = LruIndex(capacity_bytes)
+        super().__init__(capacity_bytes)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
         self.path = Path(path)
-        self._stats = StoreStats()
         self._clock = time.time_ns()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -89,15 +86,6 @@ class LocalDiskStore:
         self._scan()
 
     # ------------------------------------------------------------ the surface
-    @property
-    def capacity_bytes(self) -> int:
-        return self._index.capacity_bytes
-
-    @property
-    def stats(self) -> StoreStats:
-        index = self._index
-        return replace(self._stats, used_bytes=index.used_bytes, num_entries=len(index))
-
     def contains_run(self, keys: Sequence[bytes]) -> int:
         """Complexity: O(run), a ``stat`` for each key the index lacks."""
         n = 0
