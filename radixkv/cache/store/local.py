@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,15 +127,16 @@ class LocalDiskStore(LruStore):
             path = self._file(key)
             value = None
             try:
-                with open(path, "rb", buffering=0) as f:  # two reads, no buffer to copy out of
-                    header = f.read(HEADER_BYTES)
-                    payload = f.readall()
-            except FileNotFoundError:
-                index.remove(key)  # another process deleted it
-                stats.misses += 1
+                parts = self._read(path)
             except OSError as exc:
                 self._fault("get", exc)
+                out.append(None)
+                continue
+            if parts is None:  # another process deleted it, or it is no entry
+                index.remove(key)
+                stats.misses += 1
             else:
+                header, payload = parts
                 value = decode_parts(key, header, payload)
                 size = len(header) + len(payload)
                 if value is None:
@@ -178,6 +180,23 @@ class LocalDiskStore(LruStore):
             pass  # not ours to stamp: the order in memory is still right
         return True
 
+    @staticmethod
+    def _read(path: Path) -> tuple[bytes, bytes] | None:
+        """The header and the rest of the file at ``path``; None if there is none, or it is not
+        a regular file (a folder or a pipe under an entry's name is no entry). Any other
+        ``OSError`` is raised."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a pipe does not wait
+        except FileNotFoundError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            with open(fd, "rb", buffering=0, closefd=False) as f:  # no buffer to copy out of
+                return f.read(HEADER_BYTES), f.readall()
+        finally:
+            os.close(fd)
+
     def _write(self, key: bytes, value: memoryview) -> bool:
         path = self._file(key)
         tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
@@ -199,12 +218,14 @@ class LocalDiskStore(LruStore):
         return True
 
     def _adopt(self, key: bytes) -> bool:
-        """Index a file another process wrote, if there is one."""
+        """Index a file another process wrote, if there is one (a regular file: a folder or a
+        pipe under an entry's name is no entry)."""
         try:
-            size = self._file(key).stat().st_size
+            st = self._file(key).stat()
         except OSError:
             return False
-        if size > self._index.capacity_bytes:
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or size > self._index.capacity_bytes:
             return False
         self._drop(self._index.make_room(size))
         self._index.add(key, size)
