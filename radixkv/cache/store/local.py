@@ -2,6 +2,7 @@
 
 **Layout.** ``<path>/<k[0:2]>/<k>`` for a key whose hex is ``k`` (256 fan-out
 folders, made as needed); each file is one entry (:mod:`radixkv.cache.store.entry`).
+Only a regular file is: a folder or a pipe under an entry's name is a miss.
 
 **Atomic writes.** An entry is written to a temp file in its folder
 (``.<k>.<pid>.<random>.tmp``) and renamed over its name (``os.replace``): a
