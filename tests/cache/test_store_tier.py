@@ -623,12 +623,19 @@ class StoreTierMachine(HostTierMachine):
         on_device = longest(device, key, tokens, BS)
         in_tree = longest(anywhere, key, tokens, BS)
         in_store = self.stored_run(tokens, namespace, in_tree)
+        host_before, fetched_before = cache.stats.host_hit_tokens, self.tier.stats.loaded_blocks
         m = cache.load(tokens, namespace) if load else cache.match(tokens, namespace)
         total = m.num_tokens + m.host_num_tokens + m.store_num_tokens
         if load:
             assert on_device <= m.num_tokens and total <= in_tree + in_store
+            # the store's part of the load: the whole fetched run or nothing, past the host's
+            fetched = (self.tier.stats.loaded_blocks - fetched_before) * BS
+            host_run = cache.stats.host_hit_tokens - host_before
+            assert m.store_loaded_num_tokens in (0, fetched)
+            assert m.store_loaded_num_tokens == max(0, m.loaded_num_tokens - host_run)
         else:
             assert (m.num_tokens, total) == (on_device, in_tree + in_store)
+            assert m.store_loaded_num_tokens == 0
         assert self.pools.holds(m.blocks, tokens, namespace), "a block holds the wrong bytes"
         blocks = list(m.blocks)
         need = len(tokens) // BS - len(blocks)
