@@ -81,10 +81,6 @@ class _Lookup(Protocol):
         """The cached prefix, as ``PrefixCache.match`` (one reference per block to the caller)."""
         ...
 
-    def find_loaded(self, tokens: TokenSeq, namespace: Hashable) -> tuple[MatchResult, int]:
-        """``find``, and how many of its blocks were loaded back from a host tier."""
-        ...
-
 
 class _DeviceLookup:
     """A cache with no ``load`` (hash, null): the prefix is what ``match`` finds, nothing loads."""
@@ -94,9 +90,6 @@ class _DeviceLookup:
     def __init__(self, cache: PrefixCache) -> None:
         self.find = cache.match
 
-    def find_loaded(self, tokens: TokenSeq, namespace: Hashable) -> tuple[MatchResult, int]:
-        return self.find(tokens, namespace), 0
-
 
 class _LoadingLookup:
     """A ``LoadingCache``: ``load`` brings the part of the prefix held below the device back.
@@ -104,15 +97,10 @@ class _LoadingLookup:
     The blocks it loaded are the last of the result (``MatchResult.loaded_num_tokens``).
     """
 
-    __slots__ = ("_block_size", "find")
+    __slots__ = ("find",)
 
     def __init__(self, cache: LoadingCache) -> None:
         self.find = cache.load
-        self._block_size = cache.block_size
-
-    def find_loaded(self, tokens: TokenSeq, namespace: Hashable) -> tuple[MatchResult, int]:
-        m = self.find(tokens, namespace)
-        return m, m.loaded_num_tokens // self._block_size
 
 
 def _lookup_for(cache: PrefixCache) -> _Lookup:

@@ -31,17 +31,21 @@ class Placement(NamedTuple):
       caller owns the array and gives the references back with
       ``cache.allocator.decref_distinct(blocks)``;
     - ``num_hit_blocks``: the prefix that was resident on the device at arrival;
-    - ``num_loaded_blocks``: the blocks right after it that were on the host
-      alone and were loaded back (0 without a host tier);
+    - ``num_loaded_blocks``: the blocks right after it that were below the device
+      and were loaded (0 without a host tier): from the host, then from the store;
     - ``num_cached_tokens``: the tokens those two served,
       ``(num_hit_blocks + num_loaded_blocks) * block_size``: the request's
-      first position to compute.
+      first position to compute;
+    - ``num_store_blocks``: the last of ``num_loaded_blocks``, those read from the
+      store tier on the way (``MatchResult.store_loaded_num_tokens``; 0 without one);
+      the rest of the load came from the host.
     """
 
     blocks: np.ndarray
     num_hit_blocks: int
     num_loaded_blocks: int
     num_cached_tokens: int
+    num_store_blocks: int
 
 
 @overload
@@ -94,11 +98,12 @@ def place_prompt(
     """
     if not isinstance(cache, PrefixCache):
         raise TypeError(f"cache must be a PrefixCache, got {type(cache).__name__}")
-    m, num_loaded = _lookup_for(cache).find_loaded(tokens, namespace)  # validates tokens first
+    m = _lookup_for(cache).find(tokens, namespace)  # validates tokens first
     hit = m.block_array
     num_matched = len(hit)
     alloc = cache.allocator
     bs = alloc.block_size
+    num_loaded = m.loaded_num_tokens // bs
     need = len(tokens) // bs - num_matched
     blocks = hit
     if need > 0:
@@ -112,4 +117,5 @@ def place_prompt(
             blocks = np.concatenate((hit, new))
             arr = as_token_array(tokens)
             cache.insert(arr[: (num_matched + len(new)) * bs], blocks, namespace)
-    return Placement(blocks, num_matched - num_loaded, num_loaded, m.num_tokens)
+    num_store = m.store_loaded_num_tokens // bs
+    return Placement(blocks, num_matched - num_loaded, num_loaded, m.num_tokens, num_store)

@@ -23,6 +23,9 @@ class MatchResult:
     ``store_num_tokens`` is what a cache with a store tier below the host
     (``radixkv.cache.store.tier``) found in the store past the host-only tokens
     (0 otherwise); from ``load``, the part of it ``load`` did not bring up.
+    ``store_loaded_num_tokens`` is the part of ``loaded_num_tokens`` that ``load`` read
+    from the store on the way (the last of them; the rest came from the host); 0 from
+    ``match``.
     """
 
     __slots__ = (
@@ -31,6 +34,7 @@ class MatchResult:
         "host_num_tokens",
         "loaded_num_tokens",
         "store_num_tokens",
+        "store_loaded_num_tokens",
         "_blocks",
     )
 
@@ -41,12 +45,14 @@ class MatchResult:
         host_num_tokens: int = 0,
         loaded_num_tokens: int = 0,
         store_num_tokens: int = 0,
+        store_loaded_num_tokens: int = 0,
     ) -> None:
         self.block_array = block_array
         self.num_tokens = num_tokens
         self.host_num_tokens = host_num_tokens
         self.loaded_num_tokens = loaded_num_tokens
         self.store_num_tokens = store_num_tokens
+        self.store_loaded_num_tokens = store_loaded_num_tokens
         self._blocks: list[int] | None = None
 
     @property
@@ -61,6 +67,8 @@ class MatchResult:
             host += f", loaded_num_tokens={self.loaded_num_tokens}"
         if self.store_num_tokens:
             host += f", store_num_tokens={self.store_num_tokens}"
+        if self.store_loaded_num_tokens:
+            host += f", store_loaded_num_tokens={self.store_loaded_num_tokens}"
         return f"MatchResult(blocks={self.blocks!r}, num_tokens={self.num_tokens}{host})"
 
     def __eq__(self, other: object) -> bool:
@@ -71,6 +79,7 @@ class MatchResult:
             and self.host_num_tokens == other.host_num_tokens
             and self.loaded_num_tokens == other.loaded_num_tokens
             and self.store_num_tokens == other.store_num_tokens
+            and self.store_loaded_num_tokens == other.store_loaded_num_tokens
             and self.blocks == other.blocks
         )
 

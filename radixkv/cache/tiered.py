@@ -247,7 +247,10 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         ``host_num_tokens`` is what is still on the host alone,
         ``store_num_tokens`` what of the store's run did not reach the host,
         ``loaded_num_tokens`` what was loaded (the last blocks of the result);
-        the three with ``num_tokens`` add up to ``match``'s.
+        the three with ``num_tokens`` add up to ``match``'s. ``store_loaded_num_tokens``
+        is the store's run when it was loaded too (the last of ``loaded_num_tokens``),
+        else 0: a run that reached the host alone is loaded, from the host, by a later
+        ``load``.
         Counts ``loaded_blocks``; with events on, records a ``BlockStored``
         (medium ``"GPU"``) per loaded node.
 
@@ -269,16 +272,19 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
             nodes.append(tip)
         alloc = self._alloc
         parts = [m.block_array]
-        loaded = fetched = 0
+        loaded = fetched = from_store = 0
+        fetched_node = None
         self._loading.update(nodes)
         try:
             # The store's run starts where match's walk ended (its backups may have cut it).
             if m.store_num_tokens and pos // TOKEN_BYTES == m.num_tokens + m.host_num_tokens:
-                node = self._fetch(tip, arr[pos // TOKEN_BYTES :], namespace, m.store_num_tokens)
-                if node is not None:
-                    self._loading.add(node)
-                    nodes.append(node)
-                    fetched = len(node.key) // TOKEN_BYTES
+                fetched_node = self._fetch(
+                    tip, arr[pos // TOKEN_BYTES :], namespace, m.store_num_tokens
+                )
+                if fetched_node is not None:
+                    self._loading.add(fetched_node)
+                    nodes.append(fetched_node)
+                    fetched = len(fetched_node.key) // TOKEN_BYTES
             need = sum(n.num_blocks for n in nodes)
             if alloc.num_free < need:
                 self.evict(need - alloc.num_free)
@@ -298,6 +304,8 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
                 alloc.incref_distinct(ids)  # the caller's: the next eviction cannot take it
                 parts.append(ids)
                 loaded += k
+                if node is fetched_node:  # the last of nodes: all of the store's run
+                    from_store = k
         except BaseException:
             for part in parts:  # the caller never gets them: give its references back
                 alloc.decref_distinct(part)
@@ -309,7 +317,12 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         blocks = np.concatenate(parts) if loaded else m.block_array
         host_tokens = m.host_num_tokens + fetched - moved
         return MatchResult(
-            blocks, m.num_tokens + moved, host_tokens, moved, m.store_num_tokens - fetched
+            blocks,
+            m.num_tokens + moved,
+            host_tokens,
+            moved,
+            m.store_num_tokens - fetched,
+            from_store * self._bs,
         )
 
     def _fetch(

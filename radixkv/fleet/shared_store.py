@@ -228,19 +228,14 @@ class SharedStore:
     def place(
         self, cache: RadixCache, tokens: np.ndarray, namespace: Hashable, exclusive: bool
     ) -> Placed | None:
-        """``place_prompt``, split by tier: the host-only tokens past the device prefix
-        (the match's ``host_hit_tokens``) load first, the store's run last and all or
-        nothing, so what was loaded past the host part came from the store.
-        Complexity: ``place_prompt``'s."""
-        before = cache.stats.host_hit_tokens
+        """``place_prompt``, its load split by tier (``Placement.num_store_blocks`` came
+        from the store, the rest of the load from the host). Complexity: ``place_prompt``'s."""
         placed = place_prompt(cache, tokens, namespace, exclusive=exclusive)
         if placed is None:
             return None
         bs = self.block_size
-        host = cache.stats.host_hit_tokens - before
-        loaded = placed.num_loaded_blocks * bs
-        store = max(loaded - host, 0)
-        return Placed(placed.num_cached_tokens, placed.blocks, loaded - store, store)
+        host = (placed.num_loaded_blocks - placed.num_store_blocks) * bs
+        return Placed(placed.num_cached_tokens, placed.blocks, host, placed.num_store_blocks * bs)
 
     def load_seconds(self, service: ServiceModel, host_tokens: int, store_tokens: int) -> float:
         """``(host_load_cost x host_tokens + load_cost x store_tokens) x prefill_per_token``."""

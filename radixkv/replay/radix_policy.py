@@ -41,7 +41,6 @@ from radixkv.cache.store.protocol import StoreStats
 from radixkv.cache.store.tier import StoreTier, StoreTierStats
 from radixkv.cache.tiered import TieredRadixCache
 from radixkv.checks import check_int
-from radixkv.errors import InvariantError
 from radixkv.replay.id_pools import REPLAY_KEYSPACE, STORE_ENTRY_BYTES, IdPools
 from radixkv.replay.trace import Trace
 
@@ -171,25 +170,13 @@ class RadixReplayer:
         if tier is None or pools is None:
             device, host = self.step_tiers(seq)
             return device, host, 0
-        cache = self.cache
-        host_before = cache.stats.host_hit_tokens
-        fetched_before = tier.stats.loaded_blocks
-        placed = place_prompt(cache, seq)
+        placed = place_prompt(self.cache, seq)
         served = placed.num_hit_blocks + placed.num_loaded_blocks
-        # block_size is 1: tokens are blocks. load() brings the host-only nodes down
-        # first, then the run fetched from the store (all or nothing per node): the
-        # store's blocks reached the device only if more than the host's run did.
-        host_run = cache.stats.host_hit_tokens - host_before
-        fetched = tier.stats.loaded_blocks - fetched_before
-        store_hit = max(0, placed.num_loaded_blocks - host_run)
-        if store_hit not in (0, fetched):
-            raise InvariantError(
-                f"a store run of {fetched} blocks reached the device as {store_hit}"
-            )
         blocks = placed.blocks
         pools.check(blocks[:served], seq[:served])
         pools.computed(blocks[served:], seq[served : len(blocks)])
         self.alloc.decref_distinct(blocks)
+        store_hit = placed.num_store_blocks
         return placed.num_hit_blocks, placed.num_loaded_blocks - store_hit, store_hit
 
     def count_matchable(self, trace: Trace) -> int:

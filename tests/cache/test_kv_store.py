@@ -31,6 +31,7 @@ from mooncake_helpers import pool_store
 
 from radixkv.cache.store import KEY_BYTES, KVStore, LocalDiskStore, MemoryStore, StoreKeyspace
 from radixkv.cache.store.entry import HEADER_BYTES, decode, encode
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import CHAIN_SEED
 from radixkv.cache.store.local import STALE_TMP_SECONDS
 from radixkv.cache.store.mooncake import MooncakeStore
@@ -364,6 +365,27 @@ def test_a_foreign_entry_under_a_key_is_refused(tmp_path: Path) -> None:
     assert store.stats.corrupt == 1 and not target.exists()
 
 
+@pytest.mark.timeout(30)  # main's get_many waited forever on a pipe: fail, do not stall
+@pytest.mark.parametrize("kind", ["folder", "pipe"])
+def test_a_folder_or_pipe_named_like_an_entry_is_a_miss(tmp_path: Path, kind: str) -> None:
+    """Only a regular file is an entry: not adopted by contains_run or put_many, a plain
+    miss for get_many (not a fault), and nothing is indexed."""
+    store = LocalDiskStore(tmp_path, 1 << 20)
+    store.put_many([(key_of(0), value_of(0))])
+    path = tmp_path / key_of(1).hex()[:2] / key_of(1).hex()
+    path.parent.mkdir(exist_ok=True)
+    path.mkdir() if kind == "folder" else os.mkfifo(path)
+    assert store.contains_run([key_of(0), key_of(1)]) == 1
+    assert store.get_many([key_of(1), key_of(0)]) == [None, value_of(0)]
+    s = store.stats
+    assert (s.misses, s.hits, s.errors, s.num_entries) == (1, 1, 0, 1)
+    # a write renames its file over a pipe; a folder stays in its way (a fault, counted)
+    written = store.put_many([(key_of(1), value_of(1))])
+    assert (written, store.stats.errors) == ((0, 1) if kind == "folder" else (1, 0))
+    assert store.get_many([key_of(1)]) == [None if kind == "folder" else value_of(1)]
+    store.check()
+
+
 def test_an_entry_another_process_deleted_is_a_miss_and_is_written_again(tmp_path: Path) -> None:
     store = LocalDiskStore(tmp_path, 1 << 20)
     store.put_many([(key_of(0), value_of(0)), (key_of(1), value_of(1))])
@@ -402,6 +424,19 @@ def test_a_failing_disk_never_raises_it_counts_and_logs(
     assert "put failed" in caplog.text and "get failed" in caplog.text
     assert not list(tmp_path.glob("**/*.tmp"))
     store.check()
+
+
+def test_a_fault_counter_logs_the_first_then_at_every_power_of_two() -> None:
+    """One schedule for every fault log (the tier's, each backend's, a corrupt entry's)."""
+    assert [n for n in range(1, 1100) if log_due(n)] == [1 << i for i in range(11)]
+    # a call that adds several faults at once (Mooncake counts a batch's keys) logs once when
+    # the counter passed a power of two on the way, and only then
+    count, logged = 0, []
+    for added in [1, 1, 1, 1, 3, 1, 5, 0, 9, 2, 1000, 10]:
+        count += added
+        if log_due(count, added):
+            logged.append(count)
+    assert logged == [1, 2, 4, 8, 22, 1024]
 
 
 def _write_same_blocks(path: str, keys: list[bytes], size: int, barrier, errors) -> None:

@@ -109,6 +109,7 @@ def test_a_host_tier_loads_and_the_placement_counts_what_it_loaded() -> None:
     release(cache, place_prompt(cache, [7, 8, 9, 6]))  # evicts [1, 2, 3]: backed up to the host
     got = place_prompt(cache, [1, 2, 3, 5])
     assert (got.num_hit_blocks, got.num_loaded_blocks, got.num_cached_tokens) == (0, 3, 3)
+    assert got.num_store_blocks == 0  # no store tier: all from the host
     assert copier.loaded == 3 == cache.stats.loaded_blocks
     check_held(cache, [got])
     release(cache, got)

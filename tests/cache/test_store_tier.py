@@ -23,7 +23,7 @@ from hypothesis.stateful import initialize, invariant, rule
 from test_host_tier_stateful import HostTierMachine, longest, tier_prefixes
 
 from radixkv import BlockAllocator
-from radixkv.cache import TieredRadixCache
+from radixkv.cache import TieredRadixCache, place_prompt
 from radixkv.cache.events import BlockRemoved, BlockStored
 from radixkv.cache.hashing import ChainHasher, chain_hashes
 from radixkv.cache.host import HostTier
@@ -253,6 +253,7 @@ def test_load_brings_the_stored_run_back_byte_for_byte(make_store) -> None:
     assert (m.num_tokens, m.loaded_num_tokens, m.host_num_tokens, m.store_num_tokens) == (
         12, 12, 0, 0
     )
+    assert m.store_loaded_num_tokens == 12 and "store_loaded_num_tokens=12" in repr(m)
     stats = s.tier.stats
     assert (stats.loaded_blocks, stats.loaded_bytes) == (6, 6 * PAYLOAD)
     assert stats.load_seconds > 0 and stats.load_misses == stats.corrupt_blocks == 0
@@ -268,11 +269,28 @@ def test_load_below_a_split_host_node_and_a_device_prefix(make_store) -> None:
     m = s.serve(TOKENS[:4] + [9, 9])  # ends inside nothing stored: no store run
     assert m.store_num_tokens == 0
     m = s.serve(TOKENS)
-    assert (m.num_tokens, m.loaded_num_tokens) == (12, 8)
+    assert (m.num_tokens, m.loaded_num_tokens, m.store_loaded_num_tokens) == (12, 8, 6)
     s.serve(TOKENS[:2] + [5] * 6)
     s.to_store()
     m = s.serve(TOKENS[:2] + [5] * 6)
     assert m.num_tokens == 8
+
+
+def test_a_placement_splits_its_load_between_the_host_and_the_store(make_store) -> None:
+    """place_prompt's num_store_blocks: the last of the loaded blocks, read from the store."""
+    s = Setup(make_store())
+    s.serve(TOKENS)
+    s.to_store()
+    s.serve(TOKENS[:6])  # blocks 0-2 loaded from the store; 3-5 still only there
+    s.cache.evict(1)  # that node (blocks 0-2) to the host
+    got = place_prompt(s.cache, TOKENS + [1])
+    assert (got.num_hit_blocks, got.num_loaded_blocks, got.num_store_blocks) == (0, 6, 3)
+    assert s.pools.holds(got.blocks, TOKENS, None)
+    s.alloc.decref_distinct(got.blocks)
+    got = place_prompt(s.cache, TOKENS)  # all on the device now: nothing loaded
+    assert (got.num_hit_blocks, got.num_loaded_blocks, got.num_store_blocks) == (6, 0, 0)
+    s.alloc.decref_distinct(got.blocks)
+    s.cache.check()
 
 
 def test_load_takes_what_host_room_there_is_and_the_rest_stays_in_the_store(make_store) -> None:
@@ -285,6 +303,7 @@ def test_load_takes_what_host_room_there_is_and_the_rest_stays_in_the_store(make
     assert store.contains_run(keyspace().block_keys(TOKENS[:6])) == 3
     m = s.cache.load(TOKENS[:6])
     assert (m.num_tokens, m.host_num_tokens, m.store_num_tokens) == (4, 0, 2)
+    assert m.store_loaded_num_tokens == 4
     assert s.pools.holds(m.blocks, TOKENS, None)
     s.alloc.decref(m.blocks)
     s.cache.check()
@@ -297,6 +316,7 @@ def test_a_short_device_leaves_the_fetched_run_on_the_host(make_store) -> None:
     held = s.alloc.alloc(2)  # a running request keeps half the pool
     m = s.cache.load(TOKENS[:8])
     assert (m.num_tokens, m.host_num_tokens, m.store_num_tokens) == (0, 8, 0)  # whole nodes
+    assert m.store_loaded_num_tokens == 0  # fetched to the host, but nothing loaded
     s.alloc.decref(m.blocks)
     s.alloc.decref(held)
     s.cache.check()
@@ -789,12 +809,19 @@ class StoreTierMachine(HostTierMachine):
         on_device = longest(device, key, tokens, BS)
         in_tree = longest(anywhere, key, tokens, BS)
         in_store = self.stored_run(tokens, namespace, in_tree)
+        host_before, fetched_before = cache.stats.host_hit_tokens, self.tier.stats.loaded_blocks
         m = cache.load(tokens, namespace) if load else cache.match(tokens, namespace)
         total = m.num_tokens + m.host_num_tokens + m.store_num_tokens
         if load:
             assert on_device <= m.num_tokens and total <= in_tree + in_store
+            # the store's part of the load: the whole fetched run or nothing, past the host's
+            fetched = (self.tier.stats.loaded_blocks - fetched_before) * BS
+            host_run = cache.stats.host_hit_tokens - host_before
+            assert m.store_loaded_num_tokens in (0, fetched)
+            assert m.store_loaded_num_tokens == max(0, m.loaded_num_tokens - host_run)
         else:
             assert (m.num_tokens, total) == (on_device, in_tree + in_store)
+            assert m.store_loaded_num_tokens == 0
         assert self.pools.holds(m.blocks, tokens, namespace), "a block holds the wrong bytes"
         blocks = list(m.blocks)
         need = len(tokens) // BS - len(blocks)

@@ -28,6 +28,7 @@ import struct
 
 import xxhash
 
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import KEY_BYTES
 
 __all__ = [
@@ -102,8 +103,9 @@ def decode_parts(key: bytes, header: bytes, payload: Buffer) -> bytes | None:
 
 def log_corrupt(store: str, num_corrupt: int) -> None:
     """Log that ``store`` (a backend, named for a person) refused an unsound entry, its
-    ``num_corrupt``-th: the first, then at every power of two. The caller counts."""
-    if num_corrupt & (num_corrupt - 1) == 0:
+    ``num_corrupt``-th, on :func:`~radixkv.cache.store.faultlog.log_due`'s schedule. The
+    caller counts."""
+    if log_due(num_corrupt):
         logger.warning(
             "kv store %s: an entry failed its check (bit rot, a torn write or a foreign "
             "value); dropped and served as a miss, the engine recomputes (%d so far)",

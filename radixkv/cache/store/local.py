@@ -2,6 +2,7 @@
 
 **Layout.** ``<path>/<k[0:2]>/<k>`` for a key whose hex is ``k`` (256 fan-out
 folders, made as needed); each file is one entry (:mod:`radixkv.cache.store.entry`).
+Only a regular file is: a folder or a pipe under an entry's name is a miss.
 
 **Atomic writes.** An entry is written to a temp file in its folder
 (``.<k>.<pid>.<random>.tmp``) and renamed over its name (``os.replace``): a
@@ -35,15 +36,15 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header, log_corrupt
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import KEY_BYTES, check_items, check_keys
-from radixkv.cache.store.lru import LruIndex
-from radixkv.cache.store.protocol import StoreStats
+from radixkv.cache.store.lru import LruStore
 
 __all__ = ["STALE_TMP_SECONDS", "LocalDiskStore"]
 
@@ -53,7 +54,7 @@ STALE_TMP_SECONDS = 600.0
 _HEX = frozenset("0123456789abcdef")
 
 
-class LocalDiskStore:
+class LocalDiskStore(LruStore):
     """A :class:`~radixkv.cache.store.protocol.KVStore` in the directory ``path``, at most
     ``capacity_bytes`` of entries (payload plus the 64-byte header); see the module docstring.
 
@@ -69,11 +70,10 @@ class LocalDiskStore:
     """
 
     def __init__(self, path: str | os.PathLike[str], capacity_bytes: int) -> None:
-        self._index = LruIndex(capacity_bytes)
+        super().__init__(capacity_bytes)
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
         self.path = Path(path)
-        self._stats = StoreStats()
         self._clock = time.time_ns()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -88,15 +88,6 @@ class LocalDiskStore:
         self._scan()
 
     # ------------------------------------------------------------ the surface
-    @property
-    def capacity_bytes(self) -> int:
-        return self._index.capacity_bytes
-
-    @property
-    def stats(self) -> StoreStats:
-        index = self._index
-        return replace(self._stats, used_bytes=index.used_bytes, num_entries=len(index))
-
     def contains_run(self, keys: Sequence[bytes]) -> int:
         """Complexity: O(run), a ``stat`` for each key the index lacks."""
         n = 0
@@ -137,15 +128,16 @@ class LocalDiskStore:
             path = self._file(key)
             value = None
             try:
-                with open(path, "rb", buffering=0) as f:  # two reads, no buffer to copy out of
-                    header = f.read(HEADER_BYTES)
-                    payload = f.readall()
-            except FileNotFoundError:
-                index.remove(key)  # another process deleted it
-                stats.misses += 1
+                parts = self._read(path)
             except OSError as exc:
                 self._fault("get", exc)
+                out.append(None)
+                continue
+            if parts is None:  # another process deleted it, or it is no entry
+                index.remove(key)
+                stats.misses += 1
             else:
+                header, payload = parts
                 value = decode_parts(key, header, payload)
                 size = len(header) + len(payload)
                 if value is None:
@@ -189,6 +181,23 @@ class LocalDiskStore:
             pass  # not ours to stamp: the order in memory is still right
         return True
 
+    @staticmethod
+    def _read(path: Path) -> tuple[bytes, bytes] | None:
+        """The header and the rest of the file at ``path``; None if there is none, or it is not
+        a regular file (a folder or a pipe under an entry's name is no entry). Any other
+        ``OSError`` is raised."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a pipe does not wait
+        except FileNotFoundError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            with open(fd, "rb", buffering=0, closefd=False) as f:  # no buffer to copy out of
+                return f.read(HEADER_BYTES), f.readall()
+        finally:
+            os.close(fd)
+
     def _write(self, key: bytes, value: memoryview) -> bool:
         path = self._file(key)
         tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
@@ -210,12 +219,14 @@ class LocalDiskStore:
         return True
 
     def _adopt(self, key: bytes) -> bool:
-        """Index a file another process wrote, if there is one."""
+        """Index a file another process wrote, if there is one (a regular file: a folder or a
+        pipe under an entry's name is no entry)."""
         try:
-            size = self._file(key).stat().st_size
+            st = self._file(key).stat()
         except OSError:
             return False
-        if size > self._index.capacity_bytes:
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode) or size > self._index.capacity_bytes:
             return False
         self._drop(self._index.make_room(size))
         self._index.add(key, size)
@@ -239,7 +250,7 @@ class LocalDiskStore:
     def _fault(self, op: str, exc: OSError) -> None:
         self._stats.errors += 1
         n = self._stats.errors
-        if n & (n - 1) == 0:
+        if log_due(n):
             logger.warning(
                 "kv store %s: %s failed (%s); served as a miss, the engine recomputes "
                 "(%d store faults so far)",

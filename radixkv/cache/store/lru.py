@@ -3,17 +3,21 @@
 The capacity accounting every backend shares (the store owns its capacity, as a
 cachetools cache does): :meth:`LruIndex.make_room` picks the victims, the
 backend deletes them. O(1) per touch, add and remove (an ``OrderedDict``).
+:class:`LruStore` is the surface that follows from it, shared by the backends:
+the capacity, and stats whose gauges are the index's.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import replace
 
+from radixkv.cache.store.protocol import StoreStats
 from radixkv.checks import check_int
 from radixkv.errors import invariant
 
-__all__ = ["LruIndex"]
+__all__ = ["LruIndex", "LruStore"]
 
 # 1 PiB: past any disk or memory pool a store is given; a larger number is a typo, and a
 # Mooncake client lends its pool as much memory as the capacity says.
@@ -89,3 +93,24 @@ class LruIndex:
         invariant(sum(self._entries.values()) == self.used_bytes, "used_bytes disagrees")
         invariant(self.used_bytes <= self.capacity_bytes, "store usage passed its capacity")
         invariant(all(s > 0 for s in self._entries.values()), "an entry has no size")
+
+
+class LruStore:
+    """The base of a store whose entries an :class:`LruIndex` of ``capacity_bytes`` bounds:
+    it owns the index (``_index``) and the counters (``_stats``) the backend updates, and
+    answers :class:`~radixkv.cache.store.protocol.KVStore`'s ``capacity_bytes`` and
+    ``stats`` from them. ``ValueError`` naming ``capacity_bytes`` as :class:`LruIndex`'s.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self._index = LruIndex(capacity_bytes)
+        self._stats = StoreStats()
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._index.capacity_bytes
+
+    @property
+    def stats(self) -> StoreStats:
+        index = self._index
+        return replace(self._stats, used_bytes=index.used_bytes, num_entries=len(index))

@@ -9,18 +9,16 @@ cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode_header, log_corrupt
 from radixkv.cache.store.keys import check_items, check_keys
-from radixkv.cache.store.lru import LruIndex
-from radixkv.cache.store.protocol import StoreStats
+from radixkv.cache.store.lru import LruStore
 from radixkv.errors import invariant
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore:
+class MemoryStore(LruStore):
     """A :class:`~radixkv.cache.store.protocol.KVStore` over a dict, least recently used
     out first, at most ``capacity_bytes`` of entries (payload plus the 64-byte header).
 
@@ -34,17 +32,8 @@ class MemoryStore:
     """
 
     def __init__(self, capacity_bytes: int) -> None:
-        self._index = LruIndex(capacity_bytes)
+        super().__init__(capacity_bytes)
         self._data: dict[bytes, tuple[bytes, bytes]] = {}  # key -> (header, payload)
-        self._stats = StoreStats()
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self._index.capacity_bytes
-
-    @property
-    def stats(self) -> StoreStats:
-        return replace(self._stats, used_bytes=self._index.used_bytes, num_entries=len(self._data))
 
     def contains_run(self, keys: Sequence[bytes]) -> int:
         n = 0

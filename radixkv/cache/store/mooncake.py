@@ -46,15 +46,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
 from radixkv.cache.store.entry import HEADER_BYTES, decode_parts, encode, log_corrupt
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import check_items, check_keys
-from radixkv.cache.store.lru import LruIndex
-from radixkv.cache.store.protocol import StoreStats
+from radixkv.cache.store.lru import LruStore
 from radixkv.checks import check_int, check_number, check_str
 
 __all__ = ["MIN_SEGMENT_BYTES", "PACKAGE", "MooncakeMaster", "MooncakeStore"]
@@ -205,7 +204,7 @@ class _Connection:
             self.client = None
 
 
-class MooncakeStore:
+class MooncakeStore(LruStore):
     """A :class:`~radixkv.cache.store.protocol.KVStore` in a Mooncake Store pool whose master
     serves at ``master_address`` (``'host:port'``, its RPC port); at most ``capacity_bytes``
     of the entries this store knows of (payload plus the 64-byte header). See the module
@@ -245,7 +244,7 @@ class MooncakeStore:
         retry_after_s: float = 2.0,
         connect_timeout_s: float = 2.0,
     ) -> None:
-        self._index = LruIndex(capacity_bytes)
+        super().__init__(capacity_bytes)
         master = _host_port("master_address", master_address)
         check_str("metadata_server", metadata_server)
         check_str("local_hostname", local_hostname, optional=True)
@@ -284,7 +283,6 @@ class MooncakeStore:
             )
         self._conn = _Connection(client, master, retry)
         self._chunk_bytes = buffer * 3 // 4
-        self._stats = StoreStats()
         self._closed = False
 
     def share(self, capacity_bytes: int, *, key_prefix: str | None = None) -> MooncakeStore:
@@ -295,11 +293,10 @@ class MooncakeStore:
         if self._closed:
             raise ValueError("share needs an open store, got a closed one")
         other = object.__new__(MooncakeStore)
-        other._index = LruIndex(capacity_bytes)
+        LruStore.__init__(other, capacity_bytes)
         other._prefix = self._prefix if key_prefix is None else check_str("key_prefix", key_prefix)
         other._conn = self._conn
         other._chunk_bytes = self._chunk_bytes
-        other._stats = StoreStats()
         other._closed = False
         self._conn.users += 1
         return other
@@ -327,15 +324,6 @@ class MooncakeStore:
         self.close()
 
     # ------------------------------------------------------------ the surface
-    @property
-    def capacity_bytes(self) -> int:
-        return self._index.capacity_bytes
-
-    @property
-    def stats(self) -> StoreStats:
-        index = self._index
-        return replace(self._stats, used_bytes=index.used_bytes, num_entries=len(index))
-
     def contains_run(self, keys: Sequence[bytes]) -> int:
         """Complexity: one ``batch_is_exist`` round trip per chunk of keys."""
         keys = check_keys("keys", keys)
@@ -532,9 +520,8 @@ class MooncakeStore:
 
     def _fault(self, op: str, detail: str, cost: int) -> None:
         stats = self._stats
-        before = stats.errors
         stats.errors += cost
-        if stats.errors.bit_length() > before.bit_length():  # the first, then at powers of two
+        if log_due(stats.errors, cost):
             logger.warning(
                 "kv store mooncake %s:%d: %s failed (%s); served as a miss, the engine "
                 "recomputes (%d store faults so far)",

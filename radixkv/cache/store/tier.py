@@ -54,6 +54,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from radixkv.cache.node import Node
+from radixkv.cache.store.faultlog import log_due
 from radixkv.cache.store.keys import StoreKeyspace
 from radixkv.cache.store.protocol import KVStore
 from radixkv.checks import check_int
@@ -453,7 +454,7 @@ class StoreTier:
     def _fault(self, op: str, why: object) -> None:
         self._stats.errors += 1
         n = self._stats.errors
-        if n & (n - 1) == 0:
+        if log_due(n):
             logger.warning(
                 "kv store tier: %s failed (%s); served as a miss or a skipped write, the cache "
                 "is whole (%d store tier faults so far)",
