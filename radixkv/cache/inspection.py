@@ -16,7 +16,7 @@ from radixkv.cache.node import TOKEN_BYTES, Node, Root
 from radixkv.cache.tree_events import NoTreeEvents, TreeEvents
 from radixkv.errors import invariant
 
-__all__ = ["check_structure", "evictable_blocks", "iter_nodes", "render"]
+__all__ = ["check_held_blocks", "check_structure", "evictable_blocks", "iter_nodes", "render"]
 
 
 def iter_nodes(roots: Iterable[Root]) -> Iterator[Node]:
@@ -69,6 +69,22 @@ def check_structure(
                 events.check(node, child)
                 stack.append(child)
     return list(iter_nodes(roots.values()))
+
+
+def check_held_blocks(ids: np.ndarray, held: np.ndarray, pool: str) -> None:
+    """``InvariantError`` unless ``ids`` (every block of one pool the tree's nodes hold,
+    concatenated) are distinct and in range and ``held`` (the tree's map of that pool) flags
+    exactly them; ``pool`` (``"device"``, ``"host"``) names the pool in the message.
+    Complexity: O(len(ids) log len(ids) + len(held)).
+    """
+    invariant(len(np.unique(ids)) == len(ids), f"a {pool} block is held by two nodes")
+    invariant(
+        not ids.size or (ids.min() >= 0 and ids.max() < len(held)),
+        f"a node holds a {pool} block id out of range",
+    )
+    flags = np.zeros_like(held)
+    flags[ids] = True
+    invariant((flags == held).all(), f"the {pool} held-block map disagrees with the tree")
 
 
 def evictable_blocks(roots: Iterable[Root], refcounts: np.ndarray) -> int:

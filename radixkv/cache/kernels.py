@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "claim_error",
     "claim_for_insert",
     "common_prefix_len",
     "decref_distinct",
@@ -110,6 +111,24 @@ def claim_for_insert(
             return reason, i
         held[b] = True
     return 0, -1
+
+
+_CLAIM_REASONS = {
+    1: "not allocated",
+    2: "already cached at another position",
+    3: "a repeat: adopted blocks must be distinct",
+}
+
+
+def claim_error(reason: int, i: int, blocks: np.ndarray, num_blocks: int) -> ValueError:
+    """The error for ``claim_for_insert``'s ``(reason, i)`` (reason > 0), naming ``blocks[i]``
+    and its block in a pool of ``num_blocks`` (a plain function: it builds a message)."""
+    b = int(blocks[i])
+    if reason == 1 and not 0 <= b < num_blocks:
+        why = f"out of range [0, {num_blocks})"
+    else:
+        why = _CLAIM_REASONS[reason]
+    return ValueError(f"blocks[{i}] is block {b}, which is {why}")
 
 
 @njit(cache=True)

@@ -7,16 +7,13 @@ the first block's bytes, and walking down is one dict lookup plus one
 tokens compared one by one, to find the block boundary (rounded down) where they part.
 The tree holds one reference on every block of every node (docs/design.md).
 
-Every leaf sits in a sorted index keyed by the eviction order, so ``evict`` pops
-victims from the front; leaves whose blocks a request holds are skipped. The index is
-lazy: a touch only bumps the node's clock (keys never decrease, so a stale entry sorts
-at or before its place) and a leaf that gains a child only forgets its entry; ``evict``
-re-files stale entries and drops dead ones, and the index is rebuilt when dead entries
-outnumber live ones. Each namespace has its own root, dropped with its last child.
+Every leaf sits in a sorted index keyed by the eviction order (``radixkv.cache.leaf_index``,
+lazy), so ``evict`` pops victims from the front; leaves whose blocks a request holds are
+skipped. Each namespace has its own root, dropped with its last child.
 
 Collaborators: the eviction order (``radixkv.cache.eviction``), KV cache events
 (``radixkv.cache.tree_events``; a do-nothing version when off), and, over nodes
-rather than the tree, pins (``radixkv.cache.pins``) and inspection
+rather than the tree, the leaf index, pins (``radixkv.cache.pins``) and inspection
 (``radixkv.cache.inspection``). Tiers below the device are a subclass
 (``radixkv.cache.tiered``, as SGLang's ``HiRadixCache``) that owns their state and
 overrides the template hooks at the end of the class. This class never makes a node
@@ -32,7 +29,6 @@ from dataclasses import replace
 from typing import ClassVar
 
 import numpy as np
-from sortedcontainers import SortedList
 
 from radixkv.cache import inspection, kernels
 from radixkv.cache.allocator import BlockAllocator
@@ -46,6 +42,7 @@ from radixkv.cache.arrays import (
 from radixkv.cache.events import HOST_MEDIUM, MEDIUM, STORAGE_MEDIUM, KVCacheEvent
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
 from radixkv.cache.hashing import ChainHasher
+from radixkv.cache.leaf_index import LeafIndex
 from radixkv.cache.node import EMPTY_BLOCKS as _EMPTY_BLOCKS
 from radixkv.cache.node import ID_BYTES as _ID_BYTES
 from radixkv.cache.node import NO_CHILDREN as _NO_CHILDREN
@@ -157,14 +154,12 @@ class RadixCache:
         self._bs = allocator.block_size
         self._block_bytes = self._bs * _TOKEN_BYTES
         self._roots: dict[Hashable, _Root] = {}  # namespace_key(namespace) -> root
-        self._leaves = SortedList()
-        self._num_dead = 0  # entries in _leaves whose node is no longer a leaf
+        self._leaves = LeafIndex(self._order)
         self._held = np.zeros(allocator.num_blocks, dtype=np.bool_)
         # the allocator never replaces it; written here only by match (kernels.incref_held)
         self._rc = allocator.refcount_array
         self._num_cached = 0
         self._clock = 0
-        self._uid = 0  # tie-breaker in index entries, so nodes themselves are never compared
         self._stats = CacheStats()
         self._pins = Pins(max_pinned_blocks)
         self._events: TreeEvents | NoTreeEvents = (
@@ -399,16 +394,7 @@ class RadixCache:
         # Validates all of blk, and marks the adopted blocks held (undone if it fails).
         reason, i = kernels.claim_for_insert(self._rc, self._held, blk, num_cached, n_blocks)
         if reason:
-            b = int(blk[i])
-            if reason == 1 and not 0 <= b < self._alloc.num_blocks:
-                why = f"out of range [0, {self._alloc.num_blocks})"
-            else:
-                why = {
-                    1: "not allocated",
-                    2: "already cached at another position",
-                    3: "a repeat: adopted blocks must be distinct",
-                }[reason]
-            raise ValueError(f"blocks[{i}] is block {b}, which is {why}")
+            raise kernels.claim_error(reason, i, blk, self._alloc.num_blocks)
 
         self._clock += 1
         clock = self._clock
@@ -450,16 +436,16 @@ class RadixCache:
                     priority,
                 )
                 if node.entry is not None:
-                    self._forget_entry(node)
+                    self._leaves.forget(node)
                 if node.children is _NO_CHILDREN:
                     node.children = {}
                 node.children[data[:bb]] = leaf
                 lapsed = self._order.on_insert(node, leaf)
-                self._index(leaf)
+                self._leaves.file(leaf)
                 for n in lapsed:  # keys the order lowered: re-filed at once
                     if n.entry is not None:
-                        self._forget_entry(n)
-                        self._index(n)
+                        self._leaves.forget(n)
+                        self._leaves.file(n)
             self._alloc.incref_distinct(new)
             self._num_cached += len(new)
             stats.inserted_tokens += len(new) * bs
@@ -536,23 +522,14 @@ class RadixCache:
         leaves = self._leaves
         rc = self._alloc.refcount_array
         last_busy = kernels.last_busy
-        key = self._order.key
         freed = 0
         skipped = []
         try:  # an order whose key turns bad mid-way (TypeError) leaves the index whole
-            while freed < num_blocks and leaves:
-                entry = leaves.pop(0)
+            while freed < num_blocks:
+                entry = leaves.pop()
+                if entry is None:
+                    break
                 node = entry[-1]
-                if node.entry is not entry:  # dead: the node gained a child or was evicted
-                    self._num_dead -= 1
-                    continue
-                fresh = key(node)
-                if entry[:-2] != fresh:  # touched since filed: re-file under its new key
-                    if not isinstance(fresh, tuple):
-                        skipped.append(entry)  # back into the index whole, then raise
-                        check_key(self._order, fresh)
-                    self._index(node)
-                    continue
                 if node.pinned:
                     skipped.append(entry)
                     continue
@@ -575,8 +552,7 @@ class RadixCache:
                     raise
                 self._on_freed(ids)  # last: a tier below that raises finds the tree whole
         finally:
-            for entry in skipped:
-                leaves.add(entry)
+            leaves.put_back(skipped)
             self._stats.evicted_blocks += freed
         return freed
 
@@ -617,7 +593,7 @@ class RadixCache:
     def _file_leaf(self, node: _Node) -> None:
         """Index ``node`` if it is a leaf (device blocks, no child with any) and unindexed."""
         if node.blocks and node.entry is None and not has_device_child(node):
-            self._index(node)
+            self._leaves.file(node)
 
     def reset(self) -> None:
         """Drop the tree's reference on every block it holds and empty the tree.
@@ -630,7 +606,6 @@ class RadixCache:
         self._events.cleared()
         self._roots.clear()
         self._leaves.clear()
-        self._num_dead = 0
         self._num_cached = 0
         self._pins.clear()
         self._order.on_reset()
@@ -754,23 +729,6 @@ class RadixCache:
         self._on_split(head, node, k)
         return head
 
-    def _index(self, node: _Node) -> None:
-        key = self._order.key(node)
-        if type(key) is not tuple:
-            check_key(self._order, key)
-        self._uid += 1
-        node.entry = (*key, self._uid, node)
-        self._leaves.add(node.entry)
-
-    def _forget_entry(self, node: _Node) -> None:
-        """``node`` stops being a leaf: its entry turns dead (dropped when popped)."""
-        node.entry = None
-        self._num_dead += 1
-        if self._num_dead > 64 and self._num_dead > 2 * (len(self._leaves) - self._num_dead):
-            live = [e for e in self._leaves if e[-1].entry is e]
-            self._leaves = SortedList(live)
-            self._num_dead = 0
-
     def _iter_nodes(self) -> Iterator[_Node]:
         return inspection.iter_nodes(self._roots.values())
 
@@ -784,40 +742,13 @@ class RadixCache:
         Complexity: O(nodes + cached blocks + num_blocks), plus rehashing with events on.
         """
         nodes = inspection.check_structure(self._roots, self._block_bytes, self._events)
-        key_of = self._order.key
-        leaves = 0
-        for node in nodes:
-            if not node.blocks or has_device_child(node):
-                invariant(node.entry is None, "an interior or host-only node is in the leaf index")
-                continue
-            leaves += 1
-            invariant(node.entry is not None, "a leaf is missing from the leaf index")
-            fresh = key_of(node)
-            invariant(
-                isinstance(fresh, tuple),
-                f"eviction order {self._order!r} returned a {type(fresh).__name__}",
-            )
-            invariant(
-                node.entry[:-2] <= fresh,
-                f"a leaf's filed key {node.entry[:-2]} exceeds its fresh key {fresh}: "
-                f"eviction order {self._order!r} lowered a key on a touch",
-            )
-            invariant(node.entry in self._leaves, "a leaf's entry is not in the index")
+        leaves = [n for n in nodes if n.blocks and not has_device_child(n)]
+        self._leaves.check(leaves, [n for n in nodes if not n.blocks or has_device_child(n)])
         self._pins.check(nodes, self._roots)
         self._order.check(nodes)
-        dead = sum(1 for e in self._leaves if e[-1].entry is not e)
-        invariant(dead == self._num_dead, "dead leaf-index entries miscounted")
-        invariant(leaves == len(self._leaves) - dead, "leaf index misses leaves or has extras")
         blocks = np.concatenate([n.block_ids() for n in nodes]) if nodes else _EMPTY_BLOCKS
-        invariant(len(np.unique(blocks)) == len(blocks), "a block is held by two nodes")
+        inspection.check_held_blocks(blocks, self._held, "device")
         invariant(len(blocks) == self._num_cached, "cached_blocks count is off")
-        invariant(
-            not blocks.size or (blocks.min() >= 0 and blocks.max() < self._alloc.num_blocks),
-            "a node holds a block id out of range",
-        )
-        held = np.zeros_like(self._held)
-        held[blocks] = True
-        invariant((held == self._held).all(), "held-block map disagrees with the tree")
         invariant((self._alloc.refcounts(blocks) >= 1).all(), "the tree holds a free block")
         self._alloc.check()
 

@@ -45,7 +45,7 @@ from dataclasses import replace
 import numpy as np
 from sortedcontainers import SortedList
 
-from radixkv.cache import kernels
+from radixkv.cache import inspection, kernels
 from radixkv.cache.allocator import BlockAllocator
 from radixkv.cache.arrays import TokenSeq, as_token_array
 from radixkv.cache.events import HOST_MEDIUM, STORAGE_MEDIUM
@@ -419,8 +419,8 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         node.blocks = ids.tobytes()
         parent = node.parent
         if parent.entry is not None:
-            self._forget_entry(parent)  # it has a device child now
-        self._index(node)  # its children, if any, have no device blocks
+            self._leaves.forget(parent)  # it has a device child now
+        self._leaves.file(node)  # its children, if any, have no device blocks
         if node.host_entry is None:
             self._host_index(node)
         self._events.stored(node)
@@ -645,16 +645,9 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
                 )
         ids = np.concatenate(copies) if copies else EMPTY_BLOCKS
         halloc = self._host_alloc
-        invariant(len(np.unique(ids)) == len(ids), "a host block is held by two nodes")
+        inspection.check_held_blocks(ids, self._host_held, "host")
         invariant(
-            not ids.size or (ids.min() >= 0 and ids.max() < halloc.num_blocks),
-            "a node holds a host block id out of range",
-        )
-        held = np.zeros_like(self._host_held)
-        held[ids] = True
-        invariant((held == self._host_held).all(), "host held-block map disagrees with the tree")
-        invariant(
-            (halloc.refcount_array == held).all(),
+            (halloc.refcount_array == self._host_held).all(),
             "a host block is held by someone besides the tree, or a copy's block is free",
         )
         invariant(self._tier.used_blocks <= halloc.num_blocks, "host usage passed its capacity")
