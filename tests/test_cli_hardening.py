@@ -101,8 +101,9 @@ def test_demo_pool_too_small_is_a_one_line_error(capsys) -> None:
     assert exit_code([*argv, "--turns", "1", "--max-new-tokens", "1"]) == 2
     _, err = capsys.readouterr()
     last = err.strip().splitlines()[-1]
-    assert last.startswith("radixkv demo: error: max_new_tokens is 1 but a prompt of ")
-    assert "leaves room for 0 within max_model_len 32" in last and "--num-blocks" in last
+    assert last.startswith("radixkv demo: error: prompt holds ")
+    assert "leaves room for 0 new tokens within max_model_len 32" in last
+    assert "--num-blocks" in last
     assert "Traceback" not in err
 
 

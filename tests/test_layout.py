@@ -526,6 +526,7 @@ def test_the_front_end_rooms_import_and_work_without_torch() -> None:
                 importlib.import_module(info.name)
 
         import radixkv.serve
+        from radixkv.engine.request import EngineLimits
         from radixkv.serve.openai.client import EngineMetrics, RequestOutput
         from radixkv.serve.openai.handlers import OpenAIHandlers
         from radixkv.serve.openai.protocol import DetokenizeRequest, TokenizeRequest
@@ -536,11 +537,7 @@ def test_the_front_end_rooms_import_and_work_without_torch() -> None:
 
         class Client:  # what the handlers need of an engine: no engine at all here
             tokenizer = ByteTokenizer()
-            vocab_size = ByteTokenizer.vocab_size
-            max_model_len = 64
-
-            def max_new_tokens(self, prompt_len):
-                return max(0, 64 - prompt_len + 1)
+            limits = EngineLimits(ByteTokenizer.vocab_size, 64)
 
         api = OpenAIHandlers(Client(), "m")
         assert api.models()["data"][0]["max_model_len"] == 64

@@ -52,11 +52,13 @@ from radixkv.engine.prompt_scores import (
     token_scores,
 )
 from radixkv.engine.request import (
+    EngineLimits,
     FinishReason,
     PromptLogprobs,
     Request,
     RequestStats,
     SamplingParams,
+    check_request,
 )
 from radixkv.engine.sampler import Sampler
 from radixkv.engine.scheduler import (
@@ -358,6 +360,14 @@ class Engine:
         self.max_model_len: int = cfg.max_model_len or pool_tokens
         """The most tokens a request may have, its prompt plus ``max_new_tokens``: at most
         what the pool holds (see :class:`EngineConfig`)."""
+        pool = f"the whole pool has {num_blocks} blocks of {cfg.block_size}"
+        self.limits = EngineLimits(
+            model.config.vocab_size,
+            self.max_model_len,
+            pool if cfg.max_model_len is None else f"the engine's max_model_len; {pool}",
+        )
+        """What :meth:`make_request` checks a request against (``check_request``): the
+        vocabulary and :attr:`max_model_len`; a front end checks with the same."""
         # Opened before any pool is allocated: a store that cannot open costs nothing else.
         self.kv_store: KVStore | None = None
         """The KV store below the host tier (``config.kv_store``), None without one."""
@@ -525,10 +535,12 @@ class Engine:
         the field.
 
         ``TypeError`` / ``ValueError`` if ``params`` is not ``SamplingParams`` (None: the
-        defaults), the prompt is not a non-empty sequence of token ids (``prompt: ...``), a
-        token id is outside the vocabulary (``prompt`` / ``stop_token_ids`` /
-        ``logit_bias``), ``max_new_tokens`` leaves the request over :attr:`max_model_len`,
-        or the cache refuses ``namespace`` (``PrefixCache.check_namespace``).
+        defaults), the prompt is not a non-empty sequence of token ids (``prompt: ...``) or
+        the cache refuses ``namespace`` (``PrefixCache.check_namespace``);
+        ``RequestError`` from :func:`~radixkv.engine.request.check_request` over
+        :attr:`limits` if a token id is outside the vocabulary (``prompt`` /
+        ``stop_token_ids`` / ``logit_bias``), and ``ContextLengthError`` if the prompt or
+        ``max_new_tokens`` leaves the request over :attr:`max_model_len`.
         Reads only what is fixed once the engine is built (vocabulary, pool, the cache's
         hasher), so any thread may call it while another steps the engine.
         Complexity: O(len(prompt) + len(params.stop_token_ids)).
@@ -538,22 +550,8 @@ class Engine:
         elif not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams or None, got {params!r}")
         req = Request(prompt, params, namespace=namespace)
-        vocab = self.model.config.vocab_size
-        top = int(req.prompt.max())
-        if top >= vocab:
-            raise ValueError(
-                f"prompt token id {top} is outside the model's vocabulary (vocab_size {vocab})"
-            )
-        params.check_vocab(vocab)
-        room = self.max_model_len - req.prompt_len
-        if params.max_new_tokens > room:
-            raise ValueError(
-                f"max_new_tokens is {params.max_new_tokens} but a prompt of {req.prompt_len} "
-                f"tokens leaves room for {max(room, 0)} within max_model_len "
-                f"{self.max_model_len} (the whole pool has {self.allocator.num_blocks} blocks "
-                f"of {self.config.block_size})"
-            )
-        self.scheduler.validate(req)
+        # max_model_len is at most the pool: a request within it fits the scheduler's pool
+        check_request(req.prompt, params, self.limits)
         self.cache.check_namespace(req.namespace)
         return req
 

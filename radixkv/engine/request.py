@@ -6,28 +6,43 @@ per-request state, which may hold some, is opaque here). A request's token buffe
 blocks the :class:`~radixkv.cache.manager.KVCacheManager` holds for it), and the
 scheduler's job is to bring ``num_computed_tokens`` up to ``num_tokens`` (prefill
 chunks, then one decode token per step).
+
+The one check of a request against the engine it goes to lives here too:
+:func:`check_request` (the prompt's ids, ``SamplingParams``' ids and the room left in
+``max_model_len``) over the engine's fixed :class:`EngineLimits`. ``Engine.make_request``
+calls it, and so do the OpenAI handlers, before they start any choice, with their
+client's limits (the fleet's ingress has no engine, only its replicas' limits); its
+errors (:class:`RequestError`, :class:`ContextLengthError`) name the field, which a
+front end maps to its own name.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from radixkv.cache.arrays import TOKEN_DTYPE, TokenSeq, as_token_array
 from radixkv.cache.prefix_cache import check_namespace
-from radixkv.checks import check_int, check_ints, check_number
+from radixkv.checks import check_int, check_ints, check_number, check_str
 
 __all__ = [
+    "ContextLengthError",
+    "EngineLimits",
     "FinishReason",
     "PromptLogprobs",
     "Request",
+    "RequestError",
     "RequestStats",
     "RequestStatus",
     "SamplingParams",
+    "check_params",
+    "check_prompt",
+    "check_request",
+    "check_token_ids",
 ]
 
 
@@ -147,26 +162,27 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1.0
 
     def check_vocab(self, vocab_size: int) -> None:
-        """``ValueError`` naming the field if a token id here is outside ``[0, vocab_size)``,
-        or ``top_logprobs`` / ``prompt_logprobs`` ask for more tokens than there are.
-        Complexity: O(len(stop_token_ids)) and O(1) for ``logit_bias`` (its ids are sorted),
-        in C."""
+        """:class:`RequestError` naming the field if a token id here is outside
+        ``[0, vocab_size)``, or ``top_logprobs`` / ``prompt_logprobs`` ask for more tokens
+        than there are. Complexity: O(len(stop_token_ids)) and O(1) for ``logit_bias`` (its
+        ids are sorted), in C."""
         if max(self.stop_token_ids, default=-1) >= vocab_size:
             bad = [t for t in self.stop_token_ids if t >= vocab_size]
-            raise ValueError(
-                f"stop_token_ids {bad} are outside the model's vocabulary (vocab_size {vocab_size})"
+            raise RequestError(
+                "stop_token_ids",
+                f"{bad} are outside the model's vocabulary (vocab_size {vocab_size})",
             )
         ids, _ = self.logit_bias_arrays
         if len(ids) and ids[-1] >= vocab_size:
             bad = ids[ids >= vocab_size].tolist()
-            raise ValueError(
-                f"logit_bias token ids {bad} are outside the model's vocabulary "
-                f"(vocab_size {vocab_size})"
+            raise RequestError(
+                "logit_bias",
+                f"token ids {bad} are outside the model's vocabulary (vocab_size {vocab_size})",
             )
         for name in ("top_logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and k > vocab_size:
-                raise ValueError(f"{name} is {k}, more than the vocabulary's {vocab_size} tokens")
+                raise RequestError(name, f"is {k}, more than the vocabulary's {vocab_size} tokens")
 
 
 class _Checked(tuple):
@@ -226,6 +242,112 @@ class PromptLogprobs:
     logprobs: list[float]
     ranks: list[int]
     top: list[list[tuple[int, float]]]
+
+
+class RequestError(ValueError):
+    """A request the engine refuses: ``param`` names the field to blame, by the engine's name
+    (``"prompt"``, or a ``SamplingParams`` field), and the message starts with it."""
+
+    def __init__(self, param: str, detail: str) -> None:
+        super().__init__(f"{param} {detail}")
+        self.param = param
+        self.detail = detail
+
+    def message_for(self, name: str) -> str:
+        """The message with the field called ``name``, a front end's name for ``param``
+        (OpenAI's ``max_tokens`` for ``max_new_tokens``, ``messages`` for a chat's prompt)."""
+        return f"{name} {self.detail}"
+
+
+class ContextLengthError(RequestError):
+    """The request does not fit ``max_model_len``: ``param`` is ``"prompt"`` when the prompt
+    leaves room for no new token, ``"max_new_tokens"`` when it asks for more than the room."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What an engine accepts, fixed once it is built: token ids below ``vocab_size``, and
+    at most ``max_model_len`` tokens of prompt plus ``max_new_tokens``. ``source`` says what
+    set ``max_model_len`` (the pool, a setting, the model's context), for the errors. Plain
+    values: a front end without the engine (the fleet's ingress) checks requests with its
+    replicas' limits. ``ValueError`` naming a field that is not a positive int (a str for
+    ``source``)."""
+
+    vocab_size: int
+    max_model_len: int
+    source: str = "the engine's setting"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vocab_size", check_int("vocab_size", self.vocab_size, low=1))
+        max_model_len = check_int("max_model_len", self.max_model_len, low=1)
+        object.__setattr__(self, "max_model_len", max_model_len)
+        check_str("source", self.source)
+
+    def max_new_tokens(self, prompt_len: int) -> int:
+        """The most new tokens a prompt of ``prompt_len`` tokens leaves room for (0: none).
+        Complexity: O(1)."""
+        return max(0, self.max_model_len - prompt_len)
+
+    def within(self, context_len: int | None) -> EngineLimits:
+        """These limits with ``max_model_len`` lowered to the model's context length
+        ``context_len`` where that is shorter (None: unknown, no change): the smaller limit
+        wins, and the errors say which."""
+        if context_len is None or context_len >= self.max_model_len:
+            return self
+        return replace(self, max_model_len=context_len, source="the model's context length")
+
+
+def check_token_ids(field: str, ids: Sequence[int] | np.ndarray, vocab_size: int) -> None:
+    """:class:`RequestError` naming ``field`` if an id of ``ids`` (ints >= 0) is not below
+    ``vocab_size``: the one vocabulary rule for token ids. Complexity: O(len(ids)), in C."""
+    if len(ids) == 0:
+        return
+    top = int(np.max(ids))
+    if top >= vocab_size:
+        raise RequestError(
+            field, f"holds token id {top}, outside the model's vocabulary (vocab_size {vocab_size})"
+        )
+
+
+def check_prompt(prompt: Sequence[int] | np.ndarray, limits: EngineLimits) -> None:
+    """The prompt's rules, once its ids are ints >= 0 (``Request`` checks that): each id
+    inside the vocabulary (:class:`RequestError`) and room for one new token within
+    ``max_model_len`` (:class:`ContextLengthError`), both naming ``prompt``.
+    Complexity: O(len(prompt))."""
+    check_token_ids("prompt", prompt, limits.vocab_size)
+    n = len(prompt)
+    if n >= limits.max_model_len:
+        raise ContextLengthError(
+            "prompt",
+            f"holds {n} tokens, which leaves room for 0 new tokens within max_model_len "
+            f"{limits.max_model_len} ({limits.source})",
+        )
+
+
+def check_params(params: SamplingParams, prompt_len: int, limits: EngineLimits) -> None:
+    """``params``' rules for a prompt of ``prompt_len`` tokens that :func:`check_prompt`
+    passed: :meth:`SamplingParams.check_vocab`, then ``max_new_tokens`` within the room
+    the prompt leaves (:class:`ContextLengthError` naming ``max_new_tokens``).
+    Complexity: O(len(params.stop_token_ids))."""
+    params.check_vocab(limits.vocab_size)
+    room = limits.max_new_tokens(prompt_len)
+    if params.max_new_tokens > room:
+        raise ContextLengthError(
+            "max_new_tokens",
+            f"is {params.max_new_tokens} but a prompt of {prompt_len} tokens leaves room for "
+            f"{room} within max_model_len {limits.max_model_len} ({limits.source})",
+        )
+
+
+def check_request(
+    prompt: Sequence[int] | np.ndarray, params: SamplingParams, limits: EngineLimits
+) -> None:
+    """The one check of a request against an engine's ``limits``: :func:`check_prompt`,
+    then :func:`check_params`. ``Engine.make_request`` calls it; a front end that builds
+    its request in parts (the OpenAI handlers) calls the two halves, in this order.
+    Complexity: O(len(prompt) + len(params.stop_token_ids))."""
+    check_prompt(prompt, limits)
+    check_params(params, len(prompt), limits)
 
 
 SEED_MIN = -(2**63)

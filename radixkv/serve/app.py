@@ -28,7 +28,6 @@ does on SIGINT/SIGTERM) open requests end with ``"abort"``, new ones get a 503 a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,7 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from radixkv.checks import check_int
-from radixkv.engine.request import SamplingParams
+from radixkv.engine.request import EngineLimits, SamplingParams
 from radixkv.serve.async_engine import AsyncEngine
 from radixkv.serve.openai.bodies import default_max_body_bytes, read_body, server_version
 from radixkv.serve.openai.client import RequestOutput
@@ -108,9 +107,10 @@ def build_app(
         raise TypeError(f"enable_cache_reset must be a bool, got {enable_cache_reset!r}")
     client = _EngineClient(engine)
     if max_body_bytes is None:
-        max_body_bytes = default_max_body_bytes(client.max_model_len)
+        max_body_bytes = default_max_body_bytes(client.limits.max_model_len)
     body_limit = max_body_bytes
-    metrics = ServerMetrics(model_name, metrics_prefix, max_model_len or client.max_model_len)
+    limit = max_model_len or client.limits.max_model_len
+    metrics = ServerMetrics(model_name, metrics_prefix, limit)
     api = OpenAIHandlers(client, model_name, context_len=max_model_len, metrics=metrics.requests)
     has_host_tier = engine.engine.host_kv_pool is not None  # asked for, or under a kv_store
 
@@ -200,36 +200,19 @@ def build_app(
 
 class _EngineClient:
     """:class:`~radixkv.serve.openai.client.EngineClient` over one engine: the handlers check a
-    request against its vocabulary and pool before queueing it."""
+    request against its limits before queueing it."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.tokenizer = engine.engine.tokenizer
 
     @property
-    def vocab_size(self) -> int:
-        return self.engine.vocab_size
-
-    @property
-    def max_model_len(self) -> int:
-        """The engine's ``max_model_len``: the longest prompt plus reply there can be."""
-        return self.engine.engine.max_model_len
-
-    def max_new_tokens(self, prompt_len: int) -> int:
-        return self.engine.max_new_tokens(prompt_len)
+    def limits(self) -> EngineLimits:
+        return self.engine.limits
 
     async def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        namespace: Hashable,
-        *,
-        cap_to_pool: bool = False,
+        self, prompt_ids: list[int], params: SamplingParams, namespace: Hashable
     ) -> _EngineCall:
-        if cap_to_pool:
-            room = self.engine.max_new_tokens(len(prompt_ids))
-            if 0 < room < params.max_new_tokens:
-                params = dataclasses.replace(params, max_new_tokens=room)
         try:
             stream = self.engine.generate(prompt_ids, params, namespace)
         except (TypeError, ValueError) as exc:

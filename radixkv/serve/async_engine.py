@@ -43,7 +43,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 from radixkv.engine.engine import Engine
-from radixkv.engine.request import Request, SamplingParams
+from radixkv.engine.request import EngineLimits, Request, SamplingParams
 from radixkv.serve.openai.client import EngineMetrics
 from radixkv.serve.stream import Delta, RequestStream, TokenInfo
 from radixkv.serve.worker import ABORT, ADD, CALL, STOP, EngineWorker, EventSink
@@ -214,12 +214,13 @@ class AsyncEngine:
         """The largest ``max_new_tokens`` a prompt of ``prompt_len`` tokens may ask for: the
         two together within the engine's ``max_model_len`` (at most what the pool holds).
         0 if even one token does not fit. Complexity: O(1)."""
-        return max(0, self.engine.max_model_len - prompt_len)
+        return self.limits.max_new_tokens(prompt_len)
 
     @property
-    def vocab_size(self) -> int:
-        """The model's vocabulary size: every token id must be below it."""
-        return int(self.engine.model.config.vocab_size)
+    def limits(self) -> EngineLimits:
+        """What the engine accepts (``Engine.limits``: its vocabulary and ``max_model_len``),
+        fixed once it is built: what :meth:`generate` checks a request against."""
+        return self.engine.limits
 
     @property
     def num_requests(self) -> int:

@@ -76,7 +76,7 @@ def assert_nothing_held(engine: Engine) -> None:
 # --------------------------------------------------------------------------- item 1
 def test_token_outside_vocab_is_rejected_before_queueing(model):
     engine = engine_of(model)
-    with pytest.raises(ValueError, match=r"token id 64 .*vocab_size 64"):
+    with pytest.raises(ValueError, match=r"prompt holds token id 64, .*vocab_size 64"):
         engine.add_request([1, 2, 64])
     with pytest.raises(ValueError, match=r"vocab_size 64"):
         engine.generate([[1, 2, 3], [5, 99]])  # one bad prompt: none queued

@@ -470,8 +470,8 @@ def test_error_messages_name_the_field_and_value(server) -> None:
     assert "max_tokens" in body["error"]["message"] and "-1" in body["error"]["message"]
     _, body = server.post("/v1/completions", {"prompt": LONG_PROMPT})
     assert body["error"]["code"] == "context_length_exceeded"
-    assert f"is {len(LONG_PROMPT)} tokens" in body["error"]["message"]
-    assert f"at most {NUM_BLOCKS * BLOCK_SIZE} tokens" in body["error"]["message"]
+    assert f"prompt holds {len(LONG_PROMPT)} tokens" in body["error"]["message"]
+    assert f"within max_model_len {NUM_BLOCKS * BLOCK_SIZE}" in body["error"]["message"]
     _, body = server.post("/v1/completions", {"prompt": [1, 259]})
     assert "259" in body["error"]["message"]
 

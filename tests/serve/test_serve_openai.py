@@ -51,6 +51,7 @@ from serve_helpers import (  # noqa: E402
 )
 
 from radixkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from radixkv.engine.request import EngineLimits  # noqa: E402
 from radixkv.model import random_model  # noqa: E402
 from radixkv.serve.app import build_app  # noqa: E402
 from radixkv.serve.async_engine import AsyncEngine  # noqa: E402
@@ -794,7 +795,7 @@ def test_max_model_len_is_the_models_context(model) -> None:
         assert card["max_model_len"] == 64
         message = error(server, "/v1/completions", {"prompt": [1] * 60, "max_tokens": 10},
                         "max_tokens")  # fmt: skip
-        assert "room for 4 in the model's context of 64" in message
+        assert "room for 4 within max_model_len 64 (the model's context length)" in message
         assert error(server, "/v1/completions", {"prompt": [1] * 64}, "prompt")
         reply = ok(server, "/v1/completions", {"prompt": [1] * 60, "ignore_eos": True})
         assert reply["usage"]["completion_tokens"] == 4  # the default 16, capped
@@ -947,14 +948,10 @@ class ScriptedClient:
     handlers see of a fleet's routed calls, without Ray."""
 
     tokenizer = TOK
-    vocab_size = TOK.vocab_size
-    max_model_len = 1024
-
-    def max_new_tokens(self, prompt_len: int) -> int:
-        return max(0, self.max_model_len - prompt_len)
+    limits = EngineLimits(TOK.vocab_size, 1024)
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, namespace: Any, *, cap_to_pool=False
+        self, prompt_ids: list[int], params: SamplingParams, namespace: Any
     ) -> ScriptedCall:
         return ScriptedCall(len(prompt_ids), params.max_new_tokens)
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from radixkv.engine.request import PromptLogprobs, SamplingParams
+from radixkv.engine.request import EngineLimits, PromptLogprobs, SamplingParams
 
 if TYPE_CHECKING:
     from radixkv.text.tokenizer import Tokenizer
@@ -103,30 +103,19 @@ class EngineCall(Protocol):
 class EngineClient(Protocol):
     """What the handlers need of whatever serves a request: one engine or a fleet.
 
-    ``tokenizer`` is None where only token ids are served. ``vocab_size``,
-    ``max_model_len`` and :meth:`max_new_tokens` are ``None`` where only the engine
-    behind the client knows them; it then checks them itself.
+    ``tokenizer`` is None where only token ids are served. ``limits`` are the engine's
+    (a fleet's replicas'), fixed: the handlers check every request against them with the
+    engine's own check (:func:`~radixkv.engine.request.check_request`), so a request the
+    engine would refuse is a 400 naming the field before any choice starts.
     """
 
     tokenizer: Tokenizer | None
 
     @property
-    def vocab_size(self) -> int | None: ...
-
-    @property
-    def max_model_len(self) -> int | None: ...
-
-    def max_new_tokens(self, prompt_len: int) -> int | None:
-        """The most new tokens a prompt of ``prompt_len`` tokens leaves room for (0: none)."""
+    def limits(self) -> EngineLimits: ...
 
     async def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        namespace: Hashable,
-        *,
-        cap_to_pool: bool = False,
+        self, prompt_ids: list[int], params: SamplingParams, namespace: Hashable
     ) -> EngineCall:
-        """Start one request; ``cap_to_pool`` lowers ``params.max_new_tokens`` to what the
-        pool holds (a default, not a client's ask). ``ApiError`` (400) if the engine refuses
-        it, before anything is answered."""
+        """Start one request (checked against :attr:`limits`). ``ApiError`` if the engine
+        refuses it anyway, before anything is answered."""

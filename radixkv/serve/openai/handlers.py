@@ -10,8 +10,11 @@ events ending in ``data: [DONE]``, every choice's chunks as they come, each with
 ``index``; text and stop strings through :class:`~radixkv.text.stream.TextStream`;
 ``usage`` with the prompt tokens the cache held. A bad request is an
 :class:`~radixkv.serve.openai.errors.ApiError` (OpenAI's error body) before the engine sees
-any of it; any other failure is logged and answered as a 500 with that body (an
-exception escaping the app would drop the client's keep-alive connection). Prompts are
+any of it: what the engine would refuse is found by the engine's own check
+(:func:`~radixkv.engine.request.check_prompt` and ``check_params`` over the client's
+limits), whose errors are mapped to 400s here; any other failure is logged and answered
+as a 500 with that body (an exception escaping the app would drop the client's
+keep-alive connection). Prompts are
 tokenized (and chat templates rendered) on a worker thread, so a long prompt does not
 stall the event loop; a ``temperature`` below :data:`SAMPLING_EPS` is greedy, as in
 vLLM. The single-engine app (:mod:`radixkv.serve.app`) and the fleet's ingress
@@ -33,7 +36,15 @@ from typing import Any, ParamSpec, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from radixkv.engine.request import SamplingParams
+from radixkv.engine.request import (
+    ContextLengthError,
+    EngineLimits,
+    RequestError,
+    SamplingParams,
+    check_params,
+    check_prompt,
+    check_token_ids,
+)
 from radixkv.serve.openai.choices import Choice, Prompt, ReplySpec, fork_seed, merged, usage_of
 from radixkv.serve.openai.client import EngineCall, EngineClient, RequestOutput
 from radixkv.serve.openai.errors import ApiError, as_api_error
@@ -100,9 +111,9 @@ class OpenAIHandlers:
     """The endpoints' logic over ``client``, apart from routing, for the model ``model_name``.
 
     ``context_len`` is the model's context length (the longest prompt plus reply it takes;
-    None: only the client's limit, the pool's, bounds it); ``/v1/models`` reports the
-    smaller of the two as ``max_model_len``; ``metrics`` records each choice's latencies
-    and lengths.
+    None: only the client's limit, the pool's, bounds it); :attr:`limits` are the
+    client's with the smaller of the two as ``max_model_len``, which ``/v1/models``
+    reports; ``metrics`` records each choice's latencies and lengths.
     ``request``, where a route passes it, is watched: a client that disconnects has
     its request aborted.
     """
@@ -117,7 +128,8 @@ class OpenAIHandlers:
     ) -> None:
         self.client = client
         self.model_name = model_name
-        self.context_len = context_len
+        self.limits: EngineLimits = client.limits.within(context_len)
+        """What a request is checked against: the engine's limits, within the context."""
         self.metrics = metrics
         self.created = int(time.time())
 
@@ -131,19 +143,15 @@ class OpenAIHandlers:
             "owned_by": "radixkv",
             "root": self.model_name,
             "parent": None,
+            "max_model_len": self.max_model_len,
         }
-        if self.max_model_len is not None:
-            card["max_model_len"] = self.max_model_len
         return card
 
     @property
-    def max_model_len(self) -> int | None:
+    def max_model_len(self) -> int:
         """The most tokens a request may have, prompt plus ``max_tokens``: the client's limit
         (the pool's), or the model's context length where that is shorter."""
-        limit = self.client.max_model_len
-        if self.context_len is None:
-            return limit
-        return self.context_len if limit is None else min(limit, self.context_len)
+        return self.limits.max_model_len
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [self.model_card()]}
@@ -194,7 +202,10 @@ class OpenAIHandlers:
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
         """vLLM's ``POST /detokenize``: ``{"prompt"}``, the text of ``tokens``."""
         self._check_model(body.model)
-        self._check_ids(body.tokens, "tokens")
+        try:
+            check_token_ids("tokens", body.tokens, self.limits.vocab_size)
+        except RequestError as exc:
+            raise _refused(exc, body) from None
         decode = self._tokenizer("detokenizing").decode
         return {"prompt": await asyncio.to_thread(decode, body.tokens)}
 
@@ -254,15 +265,6 @@ class OpenAIHandlers:
             raise ApiError(400, f"this server has no tokenizer, so {what} cannot be served")
         return self.client.tokenizer
 
-    def _check_ids(self, ids: Sequence[int], param: str) -> None:
-        vocab = self.client.vocab_size
-        if vocab is not None and ids and (top := max(ids)) >= vocab:
-            raise ApiError(
-                400,
-                f"{param} holds token id {top}, outside the vocabulary (size {vocab})",
-                param=param,
-            )
-
     async def _render(
         self,
         messages: Sequence[Any],
@@ -305,59 +307,30 @@ class OpenAIHandlers:
         if k is None:
             return prompt
         if k == -1:
-            k = self.max_model_len or len(prompt.ids)
+            k = self.max_model_len
         return prompt if len(prompt.ids) <= k else Prompt(prompt.ids[-k:])
-
-    def _room(self, prompt_len: int, prompt_param: str) -> tuple[int | None, str]:
-        """The most new tokens a prompt leaves room for (None: the engine knows), and where:
-        the KV pool or the model's context, whichever holds fewer; 400 if not one."""
-        room = self.client.max_new_tokens(prompt_len)
-        if room == 0:
-            raise ApiError(
-                400,
-                f"the prompt is {prompt_len} tokens; a request may have at most "
-                f"{self.client.max_model_len} tokens, prompt plus max_tokens",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-        if self.context_len is not None and (room is None or self.context_len - prompt_len < room):
-            if prompt_len >= self.context_len:
-                raise ApiError(
-                    400,
-                    f"the prompt is {prompt_len} tokens; the model's context length is "
-                    f"{self.context_len}",
-                    param=prompt_param,
-                    code="context_length_exceeded",
-                )
-            return self.context_len - prompt_len, f"the model's context of {self.context_len}"
-        return room, "the KV pool"
 
     def _params(
         self, body: Body, prompt: Prompt, prompt_param: str, default_max_tokens: int
-    ) -> tuple[SamplingParams, bool, bool]:
-        """The prompt's sampling parameters, whether to cap them to the pool, and whether
-        to keep the output (an echo with ``max_tokens`` 0 keeps none). 400s for what the
-        client can check: the vocabulary, the pool and context, the parameters."""
-        vocab = self.client.vocab_size
-        self._check_ids(prompt.ids, prompt_param)
-        room, where = self._room(len(prompt.ids), prompt_param)
+    ) -> tuple[SamplingParams, bool]:
+        """The prompt's sampling parameters, and whether to keep the output (an echo with
+        ``max_tokens`` 0 keeps none). Checked as the engine checks a request
+        (:func:`~radixkv.engine.request.check_prompt`, then ``check_params``, over
+        :attr:`limits`): a 400 naming the field the engine's error names (:func:`_refused`).
+        Without ``max_tokens``, ``default_max_tokens`` within the room the prompt leaves."""
+        limits = self.limits
+        try:
+            check_prompt(prompt.ids, limits)
+            # stop's ids join stop_token_ids below: blame stop for its own
+            check_token_ids("stop", body.stop_ids(only="stop"), limits.vocab_size)
+        except RequestError as exc:
+            raise _refused(exc, body, prompt_param) from None
         max_tokens = body.requested_max_tokens
         keep = max_tokens != 0
         if not keep:
             max_tokens = 1  # an echo: one token, dropped, to score the prompt
-        cap = max_tokens is None and room is None  # the engine knows its room
         if max_tokens is None:
-            max_tokens = default_max_tokens if room is None else min(default_max_tokens, room)
-        elif room is not None and max_tokens > room:
-            raise ApiError(
-                400,
-                f"max_tokens is {max_tokens} but a prompt of {len(prompt.ids)} tokens leaves "
-                f"room for {room} in {where}",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        # stop's ids join stop_token_ids here: check them under the client's name for them
-        self._check_ids(body.stop_ids(only="stop"), "stop")
+            max_tokens = min(default_max_tokens, limits.max_new_tokens(len(prompt.ids)))
         stop_ids = body.stop_ids()
         bias = body.logit_bias_pairs()  # once: up to MAX_TOKEN_IDS entries
         if not body.ignore_eos and self.client.tokenizer is not None:
@@ -382,14 +355,16 @@ class OpenAIHandlers:
                 top_logprobs=top or 0,
                 prompt_logprobs=max(asks) if asks else None,
             )
-            if vocab is not None:
-                params.check_vocab(vocab)  # the engine's rule, before any choice starts
         except (TypeError, ValueError) as exc:  # its messages start with the field's name
             field = str(exc).split(" ", 1)[0].split("[", 1)[0]  # "stop_token_ids[2] must ..."
             raise ApiError(
                 400, str(exc), param=field if field in type(body).model_fields else None
             ) from None
-        return params, cap, keep
+        try:
+            check_params(params, len(prompt.ids), limits)
+        except RequestError as exc:
+            raise _refused(exc, body, prompt_param) from None
+        return params, keep
 
     async def _start(
         self,
@@ -415,23 +390,23 @@ class OpenAIHandlers:
             token_text=self._token_text(body.return_tokens_as_token_ids),
             decode=decode,
         )
-        starts: list[tuple[Prompt, int, SamplingParams, bool, bool]] = []
-        for pi, (prompt, (params, cap, keep)) in enumerate(zip(prompts, plans, strict=True)):
+        starts: list[tuple[Prompt, int, SamplingParams, bool]] = []
+        for pi, (prompt, (params, keep)) in enumerate(zip(prompts, plans, strict=True)):
             for fork in range(body.n):
                 seed = fork_seed(params.seed, fork)
                 forked = params if seed == params.seed else dataclasses.replace(params, seed=seed)
-                starts.append((prompt, pi, forked, cap, keep))
+                starts.append((prompt, pi, forked, keep))
         asked = body.requested_max_tokens
         self.metrics.started(body.n, plans[0][0].max_new_tokens if asked is None else asked)
         echo_only = spec.echo and spec.top_logprobs is None and body.prompt_logprobs is None
 
-        async def start(prompt: Prompt, params: SamplingParams, cap: bool, keep: bool) -> Any:
+        async def start(prompt: Prompt, params: SamplingParams, keep: bool) -> Any:
             if echo_only and not keep:
                 return None  # the prompt is the whole reply: nothing to run
-            return await self.client.generate(prompt.ids, params, namespace, cap_to_pool=cap)
+            return await self.client.generate(prompt.ids, params, namespace)
 
         results = await asyncio.gather(
-            *(start(p, sp, cap, keep) for p, _, sp, cap, keep in starts), return_exceptions=True
+            *(start(p, sp, keep) for p, _, sp, keep in starts), return_exceptions=True
         )
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -451,7 +426,7 @@ class OpenAIHandlers:
                 ),
                 keep_output=keep,
             )
-            for k, ((prompt, pi, params, _, keep), call) in enumerate(
+            for k, ((prompt, pi, params, keep), call) in enumerate(
                 zip(starts, results, strict=True)
             )
         ]
@@ -554,6 +529,23 @@ class OpenAIHandlers:
         except Exception as exc:  # noqa: BLE001 - headers are sent: report it in the stream
             yield _sse(as_api_error(exc).body)
         yield "data: [DONE]\n\n"
+
+
+def _refused(exc: RequestError, body: Any, prompt_param: str = "prompt") -> ApiError:
+    """The engine's refusal ``exc`` as OpenAI's 400: ``param`` is ``body``'s name for the field
+    the engine names (``prompt_param`` for the prompt; ``max_tokens``, or chat's
+    ``max_completion_tokens`` where given, for ``max_new_tokens``; None for a field the API
+    does not have), and the message says it; ``code`` ``context_length_exceeded`` when the
+    request does not fit."""
+    names = {"prompt": prompt_param, "max_new_tokens": "max_tokens"}
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        names["max_new_tokens"] = "max_completion_tokens"
+    param: str | None = names.get(exc.param, exc.param)
+    if param not in type(body).model_fields:
+        param = None
+    message = str(exc) if param is None else exc.message_for(param)
+    code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+    return ApiError(400, message, param=param, code=code)
 
 
 def _role_choice(index: int, delta: dict[str, str]) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from radixkv.serve.async_engine import AsyncEngine
 from radixkv.serve.models import build_engine, check_engine_options, event_hasher
 from radixkv.serve.openai.client import RequestOutput
 from radixkv.serve.openai.metrics import DEFAULT_PREFIX, check_prefix
-from radixkv.serve.ray.ingress import DRAIN_TIMEOUT_S, EngineLimits, FleetIngress
+from radixkv.serve.ray.ingress import DRAIN_TIMEOUT_S, FleetIngress
 from radixkv.serve.ray.request_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
 from radixkv.text.tokenizer import model_name
 
@@ -157,7 +157,6 @@ class EngineReplica:
         await self.engine.start()
         hasher = engine.cache.events_hasher
         alloc = engine.allocator
-        self._limits = EngineLimits(self.engine.vocab_size, engine.max_model_len)
         self.info = ReplicaInfo(
             event_endpoint=self._publisher.endpoint,
             replay_endpoint=self._publisher.replay_endpoint,
@@ -172,9 +171,9 @@ class EngineReplica:
         return self.info.to_metadata()
 
     def limits(self) -> dict[str, int]:
-        """What this replica accepts (:class:`~radixkv.serve.ray.ingress.EngineLimits`'
+        """What this replica accepts (:class:`~radixkv.engine.request.EngineLimits`'
         fields): the ingress checks requests against them before routing."""
-        return dataclasses.asdict(self._limits)
+        return dataclasses.asdict(self.engine.limits)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve's periodic hook (every ``request_routing_stats_period_s``): current load."""
@@ -188,18 +187,12 @@ class EngineReplica:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         namespace: Hashable = None,
-        cap_to_pool: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs (call with ``handle.options(stream=True)`` and the
         keyword ``prompt_ids``, which the router reads; ``hint``, ignored here, is the
-        prompt as text for Ray's prefix router). ``cap_to_pool`` lowers
-        ``params.max_new_tokens`` to what the pool can hold for this prompt (a default,
-        not a client's explicit ask). The engine's ``TypeError``/``ValueError`` for a bad
-        request comes out of the first iteration; leaving early aborts the request."""
-        if cap_to_pool:
-            room = self.engine.max_new_tokens(len(prompt_ids))
-            if 0 < room < params.max_new_tokens:
-                params = dataclasses.replace(params, max_new_tokens=room)
+        prompt as text for Ray's prefix router). The engine's ``TypeError``/``ValueError``
+        for a bad request comes out of the first iteration; leaving early aborts the
+        request."""
         async with aclosing(self.engine.generate(prompt_ids, params, namespace)) as stream:
             async for out in stream:
                 yield out

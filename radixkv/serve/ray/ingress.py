@@ -8,9 +8,9 @@ as the keyword ``prompt_ids``: the handle's request router
 (:class:`~radixkv.serve.ray.request_router.PrefixRouter`) places it by prefix and load.
 Everything else is the single-engine server's request handling
 (:class:`~radixkv.serve.openai.handlers.OpenAIHandlers` over this module's routed client),
-with the replicas' :class:`EngineLimits` (asked of one replica when the
-ingress starts: every replica is built alike), so a request the single server
-refuses gets the same 400 here before any replica sees it;
+with the replicas' :class:`~radixkv.engine.request.EngineLimits` (asked of one replica
+when the ingress starts: every replica is built alike), so a request the single server
+refuses gets the same 400 here, by the engine's own check, before any replica sees it;
 ``usage.prompt_tokens_details.cached_tokens`` is what the chosen replica's
 cache held.
 
@@ -48,7 +48,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
-from radixkv.engine.request import SamplingParams
+from radixkv.engine.request import EngineLimits, SamplingParams
 from radixkv.serve.openai.bodies import default_max_body_bytes, read_body, server_version
 from radixkv.serve.openai.client import EngineMetrics, RequestOutput
 from radixkv.serve.openai.errors import ApiError, as_api_error, install_error_handlers, parse_body
@@ -64,7 +64,7 @@ from radixkv.serve.openai.protocol import (
 from radixkv.serve.ray import router_registry
 from radixkv.text.tokenizer import Tokenizer, context_length, load_tokenizer
 
-__all__ = ["DRAIN_TIMEOUT_S", "EngineLimits", "FleetIngress", "PromptText", "collect_stats"]
+__all__ = ["DRAIN_TIMEOUT_S", "FleetIngress", "PromptText", "collect_stats"]
 
 STATS_TIMEOUT_S = 30.0  # for every replica's stats together (GET /replicas, /metrics)
 # For a drain: the engines' aborts, then the last chunks of every open response. Serve's
@@ -81,21 +81,6 @@ class PromptText:
     """A call's prompt as text, for routers that match on text (Ray's prefix router)."""
 
     prompt: str
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """What a fleet's engine replicas accept (all are built from one engine config): token
-    ids below ``vocab_size``; a prompt and its reply within ``max_model_len`` tokens, the
-    engine's (``EngineReplica.limits`` reports them)."""
-
-    vocab_size: int
-    max_model_len: int
-
-    def max_new_tokens(self, prompt_len: int) -> int:
-        """The most new tokens a prompt of ``prompt_len`` tokens may ask for, as
-        ``AsyncEngine.max_new_tokens`` decides on the replica; 0 if none fits. O(1)."""
-        return max(0, self.max_model_len - prompt_len)
 
 
 async def collect_stats(
@@ -185,24 +170,8 @@ class _RoutedClient:
         self.limits = limits
         self.send_prompt_text = send_prompt_text
 
-    @property
-    def vocab_size(self) -> int:
-        return self.limits.vocab_size
-
-    @property
-    def max_model_len(self) -> int:
-        return self.limits.max_model_len
-
-    def max_new_tokens(self, prompt_len: int) -> int:
-        return self.limits.max_new_tokens(prompt_len)
-
     async def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        namespace: Hashable,
-        *,
-        cap_to_pool: bool = False,
+        self, prompt_ids: list[int], params: SamplingParams, namespace: Hashable
     ) -> _RoutedCall:
         """The routed call; its first output is awaited here, so a request the replica
         refuses is a 400 before any response starts."""
@@ -210,7 +179,7 @@ class _RoutedClient:
         # ``prompt`` attribute; radixkv's routers read the ``prompt_ids`` keyword.
         hint = PromptText(self.tokenizer.decode(prompt_ids)) if self.send_prompt_text else None
         call = self.engine.options(stream=True).generate.remote(
-            hint, prompt_ids=prompt_ids, params=params, namespace=namespace, cap_to_pool=cap_to_pool
+            hint, prompt_ids=prompt_ids, params=params, namespace=namespace
         )
         try:
             first = await call.__anext__()
@@ -230,7 +199,7 @@ class FleetIngress:
     (``engine``, a handle), for the model ``model`` served as ``model_name``, its
     ``/metrics`` named under ``metrics_prefix`` (``"vllm"`` for vLLM's own names;
     ``ValueError`` naming a bad one). Starting, it asks one replica for the
-    :class:`EngineLimits` (so it waits for one to run)."""
+    :class:`~radixkv.engine.request.EngineLimits` (so it waits for one to run)."""
 
     async def __init__(
         self,
