@@ -914,3 +914,110 @@ def test_operator_routes_are_a_404_by_default_and_a_reset_empties_every_replica(
     wait_for(index_empty, "the replicas' AllBlocksCleared to empty the router's index")
     after = post(f"{fleet}/exact/v1/completions", body)
     assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+# ------------------------------------------------------------------ a fleet over one KV store
+STORE_BYTES = 64 << 20  # each replica's store capacity (and a Mooncake client's lent segment)
+
+
+def mooncake_master() -> Any:
+    """A started ``MooncakeMaster``, or a skip saying what is missing."""
+    from radixkv.cache.store.mooncake import MooncakeMaster
+
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError as exc:  # the client, or the RDMA verbs library it links
+        pytest.skip(f"Mooncake's client does not import here: {exc}")
+    try:
+        master = MooncakeMaster()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    master.start()
+    return master
+
+
+@pytest.fixture(scope="module", params=["disk", "mooncake"])
+def store_fleet(request, fleet: str) -> Any:
+    """On the ``fleet`` fixture's Ray: a third fleet of 2 random-model replicas over ONE KV
+    store (``disk``: a folder; ``mooncake``: a pool of a ``MooncakeMaster`` on 127.0.0.1),
+    routed round robin; the app ``store_<kind>``. Yields (its URL, its app name), and
+    deletes the app (and the store) afterwards."""
+    from radixkv.serve.ray.fleet import build_fleet_app
+
+    kind = request.param
+    name = f"store_{kind}"
+    folder = tempfile.mkdtemp(prefix="rkstore", dir="/tmp")
+    master = mooncake_master() if kind == "mooncake" else None
+    spec = folder if master is None else f"mooncake://{master.address}"
+    try:
+        app = build_fleet_app(
+            "random",
+            replicas=2,
+            router="round_robin",
+            num_blocks=NUM_BLOCKS,
+            replica_cpus=0.25,
+            stats_period_s=0.5,
+            health_check_period_s=1.0,
+            kv_store=spec,
+            kv_store_capacity_bytes=STORE_BYTES,
+        )
+        serve.run(app, name=name, route_prefix=f"/{name}")
+        yield f"{fleet}/{name}", name
+    finally:
+        with contextlib.suppress(Exception):
+            serve.delete(name)
+        if master is not None:
+            master.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def served_by(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``body``'s completion and the replica that served it (the one whose finished count
+    rose; requests go one at a time), once every replica is idle again."""
+
+    def rows() -> dict[str, Any]:
+        return requests.get(f"{url}/replicas", timeout=30).json()
+
+    before = rows()
+    reply = post(f"{url}/v1/completions", body)
+
+    def idle() -> dict[str, Any] | None:
+        now = rows()
+        return now if all(r["running"] == 0 and r["waiting"] == 0 for r in now.values()) else None
+
+    after = wait_for(idle, "the replicas to go idle")
+    [replica] = [r for r in after if after[r]["requests_finished"] > before.get(r, {}).get(
+        "requests_finished", 0)]  # fmt: skip
+    return reply, replica
+
+
+def test_a_prefix_one_replica_computed_is_a_store_hit_on_the_other(store_fleet) -> None:
+    """Issue 35, item 5: every replica of a fleet opens the same store, so a prompt replica
+    A computed is found on replica B, which never saw it (its device and host tiers are its
+    own): ``cached_tokens`` > 0 there, and the outputs are a store-off engine's."""
+    from radixkv.engine.request import SamplingParams
+    from radixkv.serve.models import build_engine
+    from radixkv.text.tokenizer import ByteTokenizer
+
+    url, _ = store_fleet
+    prompt = "A system prompt the store fleet keeps for every chat it serves. " * 2
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "return_token_ids": True}  # fmt: skip
+    first, a = served_by(url, body)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    for _ in range(4):  # round robin: the next request goes to the other replica
+        reply, b = served_by(url, body)
+        if b != a:
+            break
+    assert b != a, "round robin never sent the prompt to the second replica"
+    n = len(prompt.encode())
+    assert reply["usage"]["prompt_tokens"] == n
+    # every full block before the prompt's last token (computed, whatever is cached), from
+    # the store: B's own tiers never held it
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16 > 0
+
+    tok = ByteTokenizer()
+    engine = build_engine("random", num_blocks=NUM_BLOCKS, seed=0)  # no store
+    params = SamplingParams(max_new_tokens=MAX_TOKENS, stop_token_ids=tok.stop_token_ids)
+    [local] = [c.output_ids for c in engine.generate([tok.encode(prompt)], params)]
+    assert first["choices"][0]["token_ids"] == reply["choices"][0]["token_ids"] == local
