@@ -991,6 +991,20 @@ def served_by(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return reply, replica
 
 
+def on_two_replicas(url: str, prompt: str) -> tuple[dict, str, dict, str]:
+    """``prompt`` (greedy, with token ids) on one replica, then again until it reaches the
+    other (round robin: the next request): (first reply, its replica, the other's reply,
+    the other replica)."""
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "return_token_ids": True}  # fmt: skip
+    first, a = served_by(url, body)
+    for _ in range(4):
+        reply, b = served_by(url, body)
+        if b != a:
+            return first, a, reply, b
+    pytest.fail("round robin never sent the prompt to the second replica")
+
+
 def test_a_prefix_one_replica_computed_is_a_store_hit_on_the_other(store_fleet) -> None:
     """Issue 35, item 5: every replica of a fleet opens the same store, so a prompt replica
     A computed is found on replica B, which never saw it (its device and host tiers are its
@@ -1001,15 +1015,8 @@ def test_a_prefix_one_replica_computed_is_a_store_hit_on_the_other(store_fleet) 
 
     url, _ = store_fleet
     prompt = "A system prompt the store fleet keeps for every chat it serves. " * 2
-    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "return_token_ids": True}  # fmt: skip
-    first, a = served_by(url, body)
+    first, _, reply, _ = on_two_replicas(url, prompt)
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    for _ in range(4):  # round robin: the next request goes to the other replica
-        reply, b = served_by(url, body)
-        if b != a:
-            break
-    assert b != a, "round robin never sent the prompt to the second replica"
     n = len(prompt.encode())
     assert reply["usage"]["prompt_tokens"] == n
     # every full block before the prompt's last token (computed, whatever is cached), from
@@ -1021,3 +1028,34 @@ def test_a_prefix_one_replica_computed_is_a_store_hit_on_the_other(store_fleet) 
     params = SamplingParams(max_new_tokens=MAX_TOKENS, stop_token_ids=tok.stop_token_ids)
     [local] = [c.output_ids for c in engine.generate([tok.encode(prompt)], params)]
     assert first["choices"][0]["token_ids"] == reply["choices"][0]["token_ids"] == local
+
+
+def test_fleet_metrics_carry_each_replica_s_store_counters(store_fleet) -> None:
+    """Issue 35, item 5: the ingress's /metrics had no ``kv_store_*`` (nor ``host_cache_*``)
+    series. Now each replica's are there, labelled ``replica``, equal to what /replicas
+    reports for it: A wrote the prompt's blocks to the store, B loaded them from it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, _ = store_fleet
+    prompt = "Another prefix, for the metrics: what the store holds is counted once. " * 2
+    _, a, reply, b = on_two_replicas(url, prompt)
+    blocks = reply["usage"]["prompt_tokens_details"]["cached_tokens"] // 16
+    assert blocks > 0
+    text = requests.get(f"{url}/metrics", timeout=30).text
+    rows = requests.get(f"{url}/replicas", timeout=30).json()
+    per: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "replica" in sample.labels and sample.name.startswith("radixkv:kv_store_"):
+                per[sample.name, sample.labels["replica"]] = sample.value
+    for replica in (a, b):
+        tiers = rows[replica]["tiers"]
+        assert tiers["has_store"], tiers
+        for series, field in [("kv_store_loaded_blocks_total", "store_loaded_blocks"),
+                              ("kv_store_stored_blocks_total", "store_stored_blocks"),
+                              ("kv_store_errors_total", "store_errors"),
+                              ("kv_store_entries", "store_entries")]:  # fmt: skip
+            assert per[f"radixkv:{series}", replica] == tiers[field], (series, replica)
+    assert rows[b]["tiers"]["store_loaded_blocks"] >= blocks
+    assert rows[a]["tiers"]["store_stored_blocks"] >= blocks
+    assert rows[a]["tiers"]["store_errors"] == rows[b]["tiers"]["store_errors"] == 0

@@ -158,6 +158,7 @@ class EngineReplica:
         hasher = engine.cache.events_hasher
         alloc = engine.allocator
         self._limits = EngineLimits(self.engine.vocab_size, engine.max_model_len)
+        self._has_host_tier = engine.host_kv_pool is not None  # asked for, or under a kv_store
         self.info = ReplicaInfo(
             event_endpoint=self._publisher.endpoint,
             replay_endpoint=self._publisher.replay_endpoint,
@@ -217,15 +218,21 @@ class EngineReplica:
 
     async def stats(self) -> dict[str, Any]:
         """This replica's id, its actor's id (Ray's, which names it in a dead actor's error),
-        where its KV events are published and its engine's metrics (every
-        ``EngineMetrics`` field)."""
+        where its KV events are published, its engine's metrics (every ``EngineMetrics``
+        field) and, under ``"tiers"``, its host tier's and KV store's counters (every
+        ``TierStats`` field, read on the engine thread; None without a host tier)."""
         m = self.engine.metrics()
+        tiers = None
+        if self._has_host_tier and self.engine.is_running:
+            stats = await self.engine.call(lambda engine: engine.tier_stats())
+            tiers = dataclasses.asdict(stats)
         return {
             "replica_id": serve.get_replica_context().replica_id.unique_id,
             "actor_id": ray.get_runtime_context().get_actor_id(),
             "event_endpoint": self.info.event_endpoint,
             "replay_endpoint": self.info.replay_endpoint,
             **dataclasses.asdict(m),
+            "tiers": tiers,
         }
 
     async def drain(self) -> None:
