@@ -257,6 +257,103 @@ def test_prefix_router_routes_by_load_when_its_policy_raises(caplog) -> None:
     assert "ending a request failed" in caplog.text
 
 
+def test_a_store_aware_router_opens_the_replicas_store_in_their_keyspace(tmp_path, caplog):
+    """Issue 35, item 5: ``StoreView`` (route-sim --store-aware) was the simulator's only. A
+    Serve router configured with the replicas' store opens it when the first replica reports
+    its store keyspace (metadata) and hands the policy a view of it: what a replica wrote
+    to the folder, the policy sees, and prices as loads rather than prefill."""
+    from radixkv.cache.store import LocalDiskStore, StoreKeyspace
+    from radixkv.fleet.shared_store import StoreView
+    from radixkv.serve.ray.request_router import keyspace_fields
+
+    keyspace = StoreKeyspace("ab" * 32, "float32", BS, 2, 1, 8)
+    prompt = list(range(500, 500 + 6 * BS))
+    keys = keyspace.block_keys(prompt)
+    LocalDiskStore(tmp_path, 1 << 20).put_many([(k, b"kv") for k in keys[:4]])  # a replica's
+    info = ReplicaInfo(None, None, 64, BS, "xxhash", 0, keyspace_fields(keyspace))
+    a, b = (StandInReplica(u, info.to_metadata()) for u in "ab")
+    router = PrefixRouter(
+        deployment_id=DeploymentID(name="Engine", app_name="app"),
+        handle_source=DeploymentHandleSource.UNKNOWN,
+        use_replica_queue_len_cache=True,
+    )
+    config = PrefixRouterConfig(block_size=BS, store=str(tmp_path), store_capacity_bytes=1 << 20)
+    router.initialize_state(**json.loads(json.dumps(config.to_kwargs())))
+    assert router.store_view is None  # no replica has reported a keyspace yet
+
+    async def run() -> None:
+        assert await router.choose_replicas([a, b], pending({"prompt_ids": prompt}))
+
+    asyncio.run(run())
+    view = router.store_view
+    assert isinstance(view, StoreView) and router.state.router.store is view
+    assert view.keyspace == keyspace and view.store.contains_run(keys) == 4
+    policy = router.state.router
+    service = policy.scoring.service
+    price = view.pricer(np.asarray(prompt), None, 6, service, BS)
+    assert price(0) < service.prefill(6 * BS, 0)  # 4 of its 6 blocks load instead
+    router.close()
+
+    # a store the router cannot open: logged once, the router routes blind to it
+    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray.request_router")
+    (tmp_path / "a-file").write_text("")
+    blind = PrefixRouter(
+        deployment_id=DeploymentID(name="Engine", app_name="app"),
+        handle_source=DeploymentHandleSource.UNKNOWN,
+        use_replica_queue_len_cache=True,
+    )
+    config = PrefixRouterConfig(
+        block_size=BS, store=str(tmp_path / "a-file"), store_capacity_bytes=1 << 20
+    )
+    blind.initialize_state(**config.to_kwargs())
+
+    async def run_blind() -> None:
+        for _ in range(2):
+            assert await blind.choose_replicas([a, b], pending({"prompt_ids": prompt}))
+
+    asyncio.run(run_blind())
+    assert blind.store_view is None and blind.state.router.store.pricer(
+        np.asarray(prompt), None, 6, service, BS) is None  # fmt: skip
+    assert caplog.text.count("could not be used; routing blind to it") == 1
+    blind.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy": "round_robin", "store": "/tmp/x", "store_capacity_bytes": 1},
+         "store needs a prefix-aware policy"),
+        ({"store": "/tmp/x"}, "store '/tmp/x' needs store_capacity_bytes, got None"),
+        ({"store": "", "store_capacity_bytes": 1}, "kv_store must be a directory"),
+        ({"store_capacity_bytes": 0}, "store_capacity_bytes must be a positive int or None, got 0"),
+        ({"store_load_cost": -1}, "store_load_cost must be"),
+    ],
+)  # fmt: skip
+def test_router_config_names_a_bad_store_field(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrefixRouterConfig(**kwargs)
+
+
+def test_build_fleet_app_wires_store_awareness_to_the_router_only_with_a_store() -> None:
+    pytest.importorskip("torch")
+    from radixkv.engine.engine import DEFAULT_KV_STORE_BYTES
+    from radixkv.serve.ray.fleet import build_fleet_app
+
+    def router_kwargs(**kwargs: Any) -> dict[str, Any]:
+        app = build_fleet_app("random", replicas=2, **kwargs)
+        engine = app._bound_deployment.init_args[0]._bound_deployment
+        return engine._deployment_config.request_router_config.request_router_kwargs
+
+    on = router_kwargs(kv_store="/tmp/rk-store", store_aware=True)
+    assert (on["store"], on["store_capacity_bytes"]) == ("/tmp/rk-store", DEFAULT_KV_STORE_BYTES)
+    off = router_kwargs(kv_store="/tmp/rk-store")
+    assert off["store"] is None
+    for bad in [{"store_aware": True}, {"store_aware": True, "kv_store": "/x", "router": "serve"},
+                {"store_aware": "yes", "kv_store": "/x"}]:  # fmt: skip
+        with pytest.raises(ValueError, match="store_aware"):
+            build_fleet_app("random", replicas=2, **bad)
+
+
 def test_cache_block_hashes_are_the_chain_hashes_of_what_the_cache_holds() -> None:
     pytest.importorskip("torch")
     from radixkv.serve.ray.fleet import cache_block_hashes
@@ -940,7 +1037,8 @@ def mooncake_master() -> Any:
 def store_fleet(request, fleet: str) -> Any:
     """On the ``fleet`` fixture's Ray: a third fleet of 2 random-model replicas over ONE KV
     store (``disk``: a folder; ``mooncake``: a pool of a ``MooncakeMaster`` on 127.0.0.1),
-    routed round robin; the app ``store_<kind>``. Yields (its URL, its app name), and
+    routed round robin; the app ``store_<kind>``. Yields (its URL, its app name, the store's
+    ``kv_store`` spec), and
     deletes the app (and the store) afterwards."""
     from radixkv.serve.ray.fleet import build_fleet_app
 
@@ -962,7 +1060,7 @@ def store_fleet(request, fleet: str) -> Any:
             kv_store_capacity_bytes=STORE_BYTES,
         )
         serve.run(app, name=name, route_prefix=f"/{name}")
-        yield f"{fleet}/{name}", name
+        yield f"{fleet}/{name}", name, spec
     finally:
         with contextlib.suppress(Exception):
             serve.delete(name)
@@ -1013,7 +1111,7 @@ def test_a_prefix_one_replica_computed_is_a_store_hit_on_the_other(store_fleet) 
     from radixkv.serve.models import build_engine
     from radixkv.text.tokenizer import ByteTokenizer
 
-    url, _ = store_fleet
+    url, app, spec = store_fleet
     prompt = "A system prompt the store fleet keeps for every chat it serves. " * 2
     first, _, reply, _ = on_two_replicas(url, prompt)
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
@@ -1029,6 +1127,21 @@ def test_a_prefix_one_replica_computed_is_a_store_hit_on_the_other(store_fleet) 
     [local] = [c.output_ids for c in engine.generate([tok.encode(prompt)], params)]
     assert first["choices"][0]["token_ids"] == reply["choices"][0]["token_ids"] == local
 
+    # what a store-aware router keys prompts with: the keyspace each replica reports in its
+    # Serve metadata finds the prompt's blocks in the same store, opened anew
+    from radixkv.cache.store import StoreKeyspace
+    from radixkv.cache.store.opening import open_kv_store
+
+    handle = serve.get_deployment_handle("EngineReplica", app)
+    meta = handle.record_replica_metadata.remote().result(timeout_s=30)
+    keyspace = StoreKeyspace(**ReplicaInfo.from_metadata(meta).store_keyspace)
+    store = open_kv_store(spec, STORE_BYTES)
+    try:
+        assert store.contains_run(keyspace.block_keys(tok.encode(prompt))) == n // 16
+    finally:
+        if hasattr(store, "close"):
+            store.close()
+
 
 def test_fleet_metrics_carry_each_replica_s_store_counters(store_fleet) -> None:
     """Issue 35, item 5: the ingress's /metrics had no ``kv_store_*`` (nor ``host_cache_*``)
@@ -1036,7 +1149,7 @@ def test_fleet_metrics_carry_each_replica_s_store_counters(store_fleet) -> None:
     reports for it: A wrote the prompt's blocks to the store, B loaded them from it."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    url, _ = store_fleet
+    url, _, _ = store_fleet
     prompt = "Another prefix, for the metrics: what the store holds is counted once. " * 2
     _, a, reply, b = on_two_replicas(url, prompt)
     blocks = reply["usage"]["prompt_tokens_details"]["cached_tokens"] // 16
