@@ -340,15 +340,8 @@ class _PrefixRouter(_BaseRouter):
         super().__init__(**kwargs)
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
-        if store is not None:
-            if not isinstance(store, StoreView):
-                raise ValueError(f"store must be a StoreView or None, got {store!r}")
-            if store.keyspace.block_size != self.block_size:
-                raise ValueError(
-                    f"store.keyspace.block_size must be the router's block_size "
-                    f"{self.block_size}, got {store.keyspace.block_size}"
-                )
-        self.store: StoreView | NoStoreView = NO_STORE_VIEW if store is None else store
+        self.store: StoreView | NoStoreView = NO_STORE_VIEW
+        self.use_store(store)
         self.clock = clock
         self.scoring = TimeCostScoring(
             service_model(service),
@@ -360,6 +353,21 @@ class _PrefixRouter(_BaseRouter):
         self.backlog = Backlog()
         self._taken: dict[Hashable, int] = {}  # replica -> new (uncached) blocks routed there
         self._turn = 0
+
+    def use_store(self, store: StoreView | None) -> None:
+        """Price the blocks ``store`` holds from the next decision on (None: none), for a
+        router that learns of the replicas' store after it is built (a fleet's, from its
+        replicas' metadata). ``ValueError`` for a ``store`` that is not a ``StoreView`` or
+        whose keyspace's block size is not the router's, before any change. O(1)."""
+        if store is not None:
+            if not isinstance(store, StoreView):
+                raise ValueError(f"store must be a StoreView or None, got {store!r}")
+            if store.keyspace.block_size != self.block_size:
+                raise ValueError(
+                    f"store.keyspace.block_size must be the router's block_size "
+                    f"{self.block_size}, got {store.keyspace.block_size}"
+                )
+        self.store = NO_STORE_VIEW if store is None else store
 
     def _fill(self, replica: ReplicaState) -> float:
         """The fraction of ``replica``'s pool the index says is in use (blocks if no capacity)."""

@@ -207,6 +207,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "every cached block included, which tell what prompts other clients sent "
         "(a fleet only; default: off, a 404)",
     )
+    p.add_argument(
+        "--store-aware",
+        action="store_true",
+        help="a fleet's prefix-aware router (--router exact or approx) opens the replicas' "
+        "--kv-store too and counts the blocks it holds past a replica's prefix as loads, "
+        "not prefill (as route-sim --store-aware; default: off, blind to the store)",
+    )
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info", help="uvicorn's log level")
     p.set_defaults(func=run_serve)
 
@@ -220,6 +227,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return fail(PROG, "--router needs --replicas > 1")
     if args.enable_router_view:
         return fail(PROG, "--enable-router-view is for a fleet: it needs --replicas > 1")
+    if args.store_aware:
+        return fail(PROG, "--store-aware is for a fleet's router: it needs --replicas > 1")
     try:
         import uvicorn
 
@@ -502,6 +511,8 @@ def _run_fleet(args: argparse.Namespace) -> int:
         return fail(PROG, "--replicas > 1 needs --router NAME")
     if problem := _store_flags_problem(args):
         return fail(PROG, problem)
+    if args.store_aware and args.kv_store is None:
+        return fail(PROG, "--store-aware needs --kv-store")
     if args.host_kv_blocks:
         return fail(PROG, "--host-kv-blocks is for one server; a fleet's replicas have none yet")
     if args.max_model_len is not None:
@@ -539,8 +550,14 @@ def _run_fleet(args: argparse.Namespace) -> int:
             return fail(PROG, f"--kv-store: {exc}")
     try:
         from radixkv.serve.ray.fleet import serve_fleet
+        from radixkv.serve.ray.request_router import STORE_AWARE_POLICIES
     except ImportError as exc:
         return fail(PROG, f"a fleet needs Ray Serve ({exc}); pip install 'radixkv[fleet]'")
+    if args.store_aware and args.router not in STORE_AWARE_POLICIES:
+        return fail(
+            PROG, f"--store-aware needs a prefix-aware --router {STORE_AWARE_POLICIES}, "
+            f"got {args.router!r}"
+        )  # fmt: skip
     try:
         stopped_by = serve_fleet(
             args.model,
@@ -559,6 +576,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
             cuda_graphs=not args.enforce_eager,
             enable_cache_reset=args.enable_cache_reset,
             enable_router_view=args.enable_router_view,
+            store_aware=args.store_aware,
             **_store_settings(args),
         )
     except ValueError as exc:

@@ -257,6 +257,103 @@ def test_prefix_router_routes_by_load_when_its_policy_raises(caplog) -> None:
     assert "ending a request failed" in caplog.text
 
 
+def test_a_store_aware_router_opens_the_replicas_store_in_their_keyspace(tmp_path, caplog):
+    """Issue 35, item 5: ``StoreView`` (route-sim --store-aware) was the simulator's only. A
+    Serve router configured with the replicas' store opens it when the first replica reports
+    its store keyspace (metadata) and hands the policy a view of it: what a replica wrote
+    to the folder, the policy sees, and prices as loads rather than prefill."""
+    from radixkv.cache.store import LocalDiskStore, StoreKeyspace
+    from radixkv.fleet.shared_store import StoreView
+    from radixkv.serve.ray.request_router import keyspace_fields
+
+    keyspace = StoreKeyspace("ab" * 32, "float32", BS, 2, 1, 8)
+    prompt = list(range(500, 500 + 6 * BS))
+    keys = keyspace.block_keys(prompt)
+    LocalDiskStore(tmp_path, 1 << 20).put_many([(k, b"kv") for k in keys[:4]])  # a replica's
+    info = ReplicaInfo(None, None, 64, BS, "xxhash", 0, keyspace_fields(keyspace))
+    a, b = (StandInReplica(u, info.to_metadata()) for u in "ab")
+    router = PrefixRouter(
+        deployment_id=DeploymentID(name="Engine", app_name="app"),
+        handle_source=DeploymentHandleSource.UNKNOWN,
+        use_replica_queue_len_cache=True,
+    )
+    config = PrefixRouterConfig(block_size=BS, store=str(tmp_path), store_capacity_bytes=1 << 20)
+    router.initialize_state(**json.loads(json.dumps(config.to_kwargs())))
+    assert router.store_view is None  # no replica has reported a keyspace yet
+
+    async def run() -> None:
+        assert await router.choose_replicas([a, b], pending({"prompt_ids": prompt}))
+
+    asyncio.run(run())
+    view = router.store_view
+    assert isinstance(view, StoreView) and router.state.router.store is view
+    assert view.keyspace == keyspace and view.store.contains_run(keys) == 4
+    policy = router.state.router
+    service = policy.scoring.service
+    price = view.pricer(np.asarray(prompt), None, 6, service, BS)
+    assert price(0) < service.prefill(6 * BS, 0)  # 4 of its 6 blocks load instead
+    router.close()
+
+    # a store the router cannot open: logged once, the router routes blind to it
+    caplog.set_level(logging.ERROR, logger="radixkv.serve.ray.request_router")
+    (tmp_path / "a-file").write_text("")
+    blind = PrefixRouter(
+        deployment_id=DeploymentID(name="Engine", app_name="app"),
+        handle_source=DeploymentHandleSource.UNKNOWN,
+        use_replica_queue_len_cache=True,
+    )
+    config = PrefixRouterConfig(
+        block_size=BS, store=str(tmp_path / "a-file"), store_capacity_bytes=1 << 20
+    )
+    blind.initialize_state(**config.to_kwargs())
+
+    async def run_blind() -> None:
+        for _ in range(2):
+            assert await blind.choose_replicas([a, b], pending({"prompt_ids": prompt}))
+
+    asyncio.run(run_blind())
+    assert blind.store_view is None and blind.state.router.store.pricer(
+        np.asarray(prompt), None, 6, service, BS) is None  # fmt: skip
+    assert caplog.text.count("could not be used; routing blind to it") == 1
+    blind.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy": "round_robin", "store": "/tmp/x", "store_capacity_bytes": 1},
+         "store needs a prefix-aware policy"),
+        ({"store": "/tmp/x"}, "store '/tmp/x' needs store_capacity_bytes, got None"),
+        ({"store": "", "store_capacity_bytes": 1}, "kv_store must be a directory"),
+        ({"store_capacity_bytes": 0}, "store_capacity_bytes must be a positive int or None, got 0"),
+        ({"store_load_cost": -1}, "store_load_cost must be"),
+    ],
+)  # fmt: skip
+def test_router_config_names_a_bad_store_field(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrefixRouterConfig(**kwargs)
+
+
+def test_build_fleet_app_wires_store_awareness_to_the_router_only_with_a_store() -> None:
+    pytest.importorskip("torch")
+    from radixkv.engine.engine import DEFAULT_KV_STORE_BYTES
+    from radixkv.serve.ray.fleet import build_fleet_app
+
+    def router_kwargs(**kwargs: Any) -> dict[str, Any]:
+        app = build_fleet_app("random", replicas=2, **kwargs)
+        engine = app._bound_deployment.init_args[0]._bound_deployment
+        return engine._deployment_config.request_router_config.request_router_kwargs
+
+    on = router_kwargs(kv_store="/tmp/rk-store", store_aware=True)
+    assert (on["store"], on["store_capacity_bytes"]) == ("/tmp/rk-store", DEFAULT_KV_STORE_BYTES)
+    off = router_kwargs(kv_store="/tmp/rk-store")
+    assert off["store"] is None
+    for bad in [{"store_aware": True}, {"store_aware": True, "kv_store": "/x", "router": "serve"},
+                {"store_aware": "yes", "kv_store": "/x"}]:  # fmt: skip
+        with pytest.raises(ValueError, match="store_aware"):
+            build_fleet_app("random", replicas=2, **bad)
+
+
 def test_cache_block_hashes_are_the_chain_hashes_of_what_the_cache_holds() -> None:
     pytest.importorskip("torch")
     from radixkv.serve.ray.fleet import cache_block_hashes
@@ -914,3 +1011,164 @@ def test_operator_routes_are_a_404_by_default_and_a_reset_empties_every_replica(
     wait_for(index_empty, "the replicas' AllBlocksCleared to empty the router's index")
     after = post(f"{fleet}/exact/v1/completions", body)
     assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+# ------------------------------------------------------------------ a fleet over one KV store
+STORE_BYTES = 64 << 20  # each replica's store capacity (and a Mooncake client's lent segment)
+
+
+def mooncake_master() -> Any:
+    """A started ``MooncakeMaster``, or a skip saying what is missing."""
+    from radixkv.cache.store.mooncake import MooncakeMaster
+
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError as exc:  # the client, or the RDMA verbs library it links
+        pytest.skip(f"Mooncake's client does not import here: {exc}")
+    try:
+        master = MooncakeMaster()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    master.start()
+    return master
+
+
+@pytest.fixture(scope="module", params=["disk", "mooncake"])
+def store_fleet(request, fleet: str) -> Any:
+    """On the ``fleet`` fixture's Ray: a third fleet of 2 random-model replicas over ONE KV
+    store (``disk``: a folder; ``mooncake``: a pool of a ``MooncakeMaster`` on 127.0.0.1),
+    routed round robin; the app ``store_<kind>``. Yields (its URL, its app name, the store's
+    ``kv_store`` spec), and
+    deletes the app (and the store) afterwards."""
+    from radixkv.serve.ray.fleet import build_fleet_app
+
+    kind = request.param
+    name = f"store_{kind}"
+    folder = tempfile.mkdtemp(prefix="rkstore", dir="/tmp")
+    master = mooncake_master() if kind == "mooncake" else None
+    spec = folder if master is None else f"mooncake://{master.address}"
+    try:
+        app = build_fleet_app(
+            "random",
+            replicas=2,
+            router="round_robin",
+            num_blocks=NUM_BLOCKS,
+            replica_cpus=0.25,
+            stats_period_s=0.5,
+            health_check_period_s=1.0,
+            kv_store=spec,
+            kv_store_capacity_bytes=STORE_BYTES,
+        )
+        serve.run(app, name=name, route_prefix=f"/{name}")
+        yield f"{fleet}/{name}", name, spec
+    finally:
+        with contextlib.suppress(Exception):
+            serve.delete(name)
+        if master is not None:
+            master.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def served_by(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``body``'s completion and the replica that served it (the one whose finished count
+    rose; requests go one at a time), once every replica is idle again."""
+
+    def rows() -> dict[str, Any]:
+        return requests.get(f"{url}/replicas", timeout=30).json()
+
+    before = rows()
+    reply = post(f"{url}/v1/completions", body)
+
+    def idle() -> dict[str, Any] | None:
+        now = rows()
+        return now if all(r["running"] == 0 and r["waiting"] == 0 for r in now.values()) else None
+
+    after = wait_for(idle, "the replicas to go idle")
+    [replica] = [r for r in after if after[r]["requests_finished"] > before.get(r, {}).get(
+        "requests_finished", 0)]  # fmt: skip
+    return reply, replica
+
+
+def on_two_replicas(url: str, prompt: str) -> tuple[dict, str, dict, str]:
+    """``prompt`` (greedy, with token ids) on one replica, then again until it reaches the
+    other (round robin: the next request): (first reply, its replica, the other's reply,
+    the other replica)."""
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "return_token_ids": True}  # fmt: skip
+    first, a = served_by(url, body)
+    for _ in range(4):
+        reply, b = served_by(url, body)
+        if b != a:
+            return first, a, reply, b
+    pytest.fail("round robin never sent the prompt to the second replica")
+
+
+def test_a_prefix_one_replica_computed_is_a_store_hit_on_the_other(store_fleet) -> None:
+    """Issue 35, item 5: every replica of a fleet opens the same store, so a prompt replica
+    A computed is found on replica B, which never saw it (its device and host tiers are its
+    own): ``cached_tokens`` > 0 there, and the outputs are a store-off engine's."""
+    from radixkv.engine.request import SamplingParams
+    from radixkv.serve.models import build_engine
+    from radixkv.text.tokenizer import ByteTokenizer
+
+    url, app, spec = store_fleet
+    prompt = "A system prompt the store fleet keeps for every chat it serves. " * 2
+    first, _, reply, _ = on_two_replicas(url, prompt)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    n = len(prompt.encode())
+    assert reply["usage"]["prompt_tokens"] == n
+    # every full block before the prompt's last token (computed, whatever is cached), from
+    # the store: B's own tiers never held it
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16 > 0
+
+    tok = ByteTokenizer()
+    engine = build_engine("random", num_blocks=NUM_BLOCKS, seed=0)  # no store
+    params = SamplingParams(max_new_tokens=MAX_TOKENS, stop_token_ids=tok.stop_token_ids)
+    [local] = [c.output_ids for c in engine.generate([tok.encode(prompt)], params)]
+    assert first["choices"][0]["token_ids"] == reply["choices"][0]["token_ids"] == local
+
+    # what a store-aware router keys prompts with: the keyspace each replica reports in its
+    # Serve metadata finds the prompt's blocks in the same store, opened anew
+    from radixkv.cache.store import StoreKeyspace
+    from radixkv.cache.store.opening import open_kv_store
+
+    handle = serve.get_deployment_handle("EngineReplica", app)
+    meta = handle.record_replica_metadata.remote().result(timeout_s=30)
+    keyspace = StoreKeyspace(**ReplicaInfo.from_metadata(meta).store_keyspace)
+    store = open_kv_store(spec, STORE_BYTES)
+    try:
+        assert store.contains_run(keyspace.block_keys(tok.encode(prompt))) == n // 16
+    finally:
+        if hasattr(store, "close"):
+            store.close()
+
+
+def test_fleet_metrics_carry_each_replica_s_store_counters(store_fleet) -> None:
+    """Issue 35, item 5: the ingress's /metrics had no ``kv_store_*`` (nor ``host_cache_*``)
+    series. Now each replica's are there, labelled ``replica``, equal to what /replicas
+    reports for it: A wrote the prompt's blocks to the store, B loaded them from it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, _, _ = store_fleet
+    prompt = "Another prefix, for the metrics: what the store holds is counted once. " * 2
+    _, a, reply, b = on_two_replicas(url, prompt)
+    blocks = reply["usage"]["prompt_tokens_details"]["cached_tokens"] // 16
+    assert blocks > 0
+    text = requests.get(f"{url}/metrics", timeout=30).text
+    rows = requests.get(f"{url}/replicas", timeout=30).json()
+    per: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "replica" in sample.labels and sample.name.startswith("radixkv:kv_store_"):
+                per[sample.name, sample.labels["replica"]] = sample.value
+    for replica in (a, b):
+        tiers = rows[replica]["tiers"]
+        assert tiers["has_store"], tiers
+        for series, field in [("kv_store_loaded_blocks_total", "store_loaded_blocks"),
+                              ("kv_store_stored_blocks_total", "store_stored_blocks"),
+                              ("kv_store_errors_total", "store_errors"),
+                              ("kv_store_entries", "store_entries")]:  # fmt: skip
+            assert per[f"radixkv:{series}", replica] == tiers[field], (series, replica)
+    assert rows[b]["tiers"]["store_loaded_blocks"] >= blocks
+    assert rows[a]["tiers"]["store_stored_blocks"] >= blocks
+    assert rows[a]["tiers"]["store_errors"] == rows[b]["tiers"]["store_errors"] == 0

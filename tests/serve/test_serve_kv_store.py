@@ -102,6 +102,11 @@ SERVE = ["serve", "--model", "random", "--port", "0"]
          "--kv-store needs the prefix cache"),
         (["--kv-store", "{dir}", "--kv-store-capacity", "99999999999999999999999999"],
          "argument --kv-store-capacity: must be <="),
+        (["--store-aware"], "--store-aware is for a fleet's router: it needs --replicas > 1"),
+        (["--store-aware", "--replicas", "2", "--router", "exact"],
+         "--store-aware needs --kv-store"),
+        (["--store-aware", "--kv-store", "{dir}", "--replicas", "2", "--router", "round_robin"],
+         "--store-aware needs a prefix-aware --router ('approx', 'exact'), got 'round_robin'"),
     ],
 )  # fmt: skip
 def test_serve_refuses_a_bad_store_in_one_line(capsys, tmp_path, flags, start) -> None:

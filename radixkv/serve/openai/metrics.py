@@ -50,7 +50,10 @@ name                                        type       meaning
 The gauges and counters come from the engine thread's snapshot
 (:class:`~radixkv.serve.openai.client.EngineMetrics`; in a fleet, every answering replica's)
 and the host tier's and the KV store's :class:`~radixkv.engine.stats.TierStats` at
-scrape time (one server's: a fleet's ingress reports neither); the
+scrape time (in a fleet, every answering replica's with a host tier, labelled ``replica``:
+every replica of a fleet over one store counts its own loads and writes, and the two
+gauges are what each replica's store knows of, so their sum over replicas overcounts a
+shared store's entries); the
 histograms and ``request_success`` are recorded by the request handlers
 (:class:`~radixkv.serve.openai.handlers.OpenAIHandlers`, the one code path of the single
 server and the fleet's ingress) as each choice ends (:class:`RequestMetrics`), with the
@@ -342,16 +345,17 @@ class RequestMetrics:
 
 
 class _EngineCollector:
-    """The engine snapshot's gauges and counters (and the host tier's), per ``key``
-    (None: one engine; else a replica id, as the ``replica`` label), with two gauges
-    derived from them: ``cache_hit_rate`` and ``gen_throughput`` (over the time since the
-    previous collection of that key; 0 at the first)."""
+    """The engine snapshot's gauges and counters (and the host tier's and the KV store's,
+    per key of ``tiers``: engines with a host tier), per ``key`` (None: one engine; else a
+    replica id, as the ``replica`` label), with two gauges derived from them:
+    ``cache_hit_rate`` and ``gen_throughput`` (over the time since the previous collection
+    of that key; 0 at the first)."""
 
     def __init__(self, model_name: str, prefix: str) -> None:
         self.model_name = model_name
         self.prefix = check_prefix(prefix)
         self.samples: Mapping[str | None, EngineMetrics] = {}
-        self.tiers: TierStats | None = None
+        self.tiers: Mapping[str | None, TierStats] = {}
         self._generated: dict[str | None, tuple[float, int]] = {}  # key -> (when, tokens)
 
     def _throughput(self, key: str | None, generated: int) -> float:
@@ -395,27 +399,33 @@ class _EngineCollector:
             throughput.add_metric(values(key), self._throughput(key, m.generation_tokens))
         yield hit_rate
         yield throughput
-        if self.tiers is not None:
+        tiers = self.tiers
+        tier_labels = ["model_name"] if None in tiers else ["model_name", "replica"]
+        if tiers:
             for name, field, help_ in TIER_METRICS:
-                family = CounterMetricFamily(metric_name(p, name), help_, labels=["model_name"])
-                family.add_metric([self.model_name], float(getattr(self.tiers, field)))
+                family = CounterMetricFamily(metric_name(p, name), help_, labels=tier_labels)
+                for key, t in tiers.items():
+                    family.add_metric(values(key), float(getattr(t, field)))
                 yield family
             gauge = GaugeMetricFamily(
                 metric_name(p, "host_cache_blocks"),
                 "Blocks the host tier holds.",
-                labels=["model_name"],
+                labels=tier_labels,
             )
-            gauge.add_metric([self.model_name], float(self.tiers.host_blocks))
+            for key, t in tiers.items():
+                gauge.add_metric(values(key), float(t.host_blocks))
             yield gauge
-        if self.tiers is not None and self.tiers.has_store:
+        stores = {key: t for key, t in tiers.items() if t.has_store}
+        if stores:
             tables: tuple[tuple[Any, tuple[tuple[str, str, str], ...]], ...] = (
                 (CounterMetricFamily, STORE_METRICS),
                 (GaugeMetricFamily, STORE_GAUGES),
             )
             for kind, table in tables:
                 for name, field, help_ in table:
-                    family = kind(metric_name(p, name), help_, labels=["model_name"])
-                    family.add_metric([self.model_name], float(getattr(self.tiers, field)))
+                    family = kind(metric_name(p, name), help_, labels=tier_labels)
+                    for key, t in stores.items():
+                        family.add_metric(values(key), float(getattr(t, field)))
                     yield family
 
 
@@ -435,16 +445,26 @@ class ServerMetrics:
         """The exposition text, with the engine snapshot ``metrics`` (and ``tiers``).
 
         Complexity: O(number of metrics and histogram buckets)."""
-        return self._render({None: metrics}, tiers)
+        return self._render({None: metrics}, {} if tiers is None else {None: tiers})
 
-    def render_fleet(self, replicas: Mapping[str, EngineMetrics]) -> str:
+    def render_fleet(
+        self,
+        replicas: Mapping[str, EngineMetrics],
+        tiers: Mapping[str, TierStats] | None = None,
+    ) -> str:
         """The exposition text of a fleet's ingress: every engine gauge and counter once per
-        replica in ``replicas`` (labelled ``replica``), and the requests' histograms.
+        replica in ``replicas`` (labelled ``replica``), the host tier's and the KV store's
+        once per replica in ``tiers`` (those with a host tier; labelled alike), and the
+        requests' histograms.
 
         Complexity: O(number of metrics x replicas + histogram buckets)."""
-        return self._render(replicas, None)
+        return self._render(replicas, tiers or {})
 
-    def _render(self, samples: Mapping[str | None, EngineMetrics], tiers: TierStats | None) -> str:
+    def _render(
+        self,
+        samples: Mapping[str | None, EngineMetrics],
+        tiers: Mapping[str | None, TierStats] | Mapping[str, TierStats],
+    ) -> str:
         self._engine.samples, self._engine.tiers = samples, tiers
         return generate_latest(self.registry).decode()
 

@@ -43,6 +43,7 @@ from ray.serve.config import RequestRouterConfig
 
 from radixkv.cache.radix import RadixCache
 from radixkv.checks import check_int, check_number
+from radixkv.engine.engine import DEFAULT_KV_STORE_BYTES
 from radixkv.engine.request import SamplingParams
 from radixkv.fleet.router import ROUTERS
 from radixkv.fleet.transport import EventPublisher, offset_endpoint
@@ -51,7 +52,13 @@ from radixkv.serve.models import build_engine, check_engine_options, event_hashe
 from radixkv.serve.openai.client import RequestOutput
 from radixkv.serve.openai.metrics import DEFAULT_PREFIX, check_prefix
 from radixkv.serve.ray.ingress import DRAIN_TIMEOUT_S, FleetIngress
-from radixkv.serve.ray.request_router import PrefixRouter, PrefixRouterConfig, ReplicaInfo
+from radixkv.serve.ray.request_router import (
+    STORE_AWARE_POLICIES,
+    PrefixRouter,
+    PrefixRouterConfig,
+    ReplicaInfo,
+    keyspace_fields,
+)
 from radixkv.text.tokenizer import model_name
 
 __all__ = [
@@ -157,6 +164,7 @@ class EngineReplica:
         await self.engine.start()
         hasher = engine.cache.events_hasher
         alloc = engine.allocator
+        self._has_host_tier = engine.host_kv_pool is not None  # asked for, or under a kv_store
         self.info = ReplicaInfo(
             event_endpoint=self._publisher.endpoint,
             replay_endpoint=self._publisher.replay_endpoint,
@@ -164,6 +172,9 @@ class EngineReplica:
             block_size=alloc.block_size,
             hash_name=hasher.name,
             hash_seed=hasher.seed,
+            store_keyspace=(
+                None if engine.store_tier is None else keyspace_fields(engine.store_tier.keyspace)
+            ),
         )
 
     def record_replica_metadata(self) -> dict[str, Any]:
@@ -210,15 +221,21 @@ class EngineReplica:
 
     async def stats(self) -> dict[str, Any]:
         """This replica's id, its actor's id (Ray's, which names it in a dead actor's error),
-        where its KV events are published and its engine's metrics (every
-        ``EngineMetrics`` field)."""
+        where its KV events are published, its engine's metrics (every ``EngineMetrics``
+        field) and, under ``"tiers"``, its host tier's and KV store's counters (every
+        ``TierStats`` field, read on the engine thread; None without a host tier)."""
         m = self.engine.metrics()
+        tiers = None
+        if self._has_host_tier and self.engine.is_running:
+            stats = await self.engine.call(lambda engine: engine.tier_stats())
+            tiers = dataclasses.asdict(stats)
         return {
             "replica_id": serve.get_replica_context().replica_id.unique_id,
             "actor_id": ray.get_runtime_context().get_actor_id(),
             "event_endpoint": self.info.event_endpoint,
             "replay_endpoint": self.info.replay_endpoint,
             **dataclasses.asdict(m),
+            "tiers": tiers,
         }
 
     async def drain(self) -> None:
@@ -271,6 +288,7 @@ def build_fleet_app(
     kv_store: str | None = None,
     kv_store_capacity_bytes: int | None = None,
     kv_store_write_policy: str | None = None,
+    store_aware: bool = False,
 ) -> serve.Application:
     """The fleet as a Serve application: :class:`FleetIngress` over ``replicas`` x
     :class:`EngineReplica` of ``model``, routed by ``router``.
@@ -289,7 +307,10 @@ def build_fleet_app(
     (``"vllm"``: vLLM's names). ``dtype``, ``attention_backend``, ``cuda_graphs`` and
     ``kv_store`` (with its capacity and write policy: one store every replica opens, a
     directory or a Mooncake master, so a block one replica computed is a hit on another)
-    are each replica's (:func:`~radixkv.serve.models.build_engine`). ``enable_cache_reset``
+    are each replica's (:func:`~radixkv.serve.models.build_engine`); ``store_aware`` (with
+    ``kv_store`` and a prefix-aware ``router``, ``exact`` or ``approx``) has the router open
+    that store too and price the blocks it holds as loads (:class:`PrefixRouterConfig`'s
+    ``store``; ``route-sim --store-aware`` in the simulator). ``enable_cache_reset``
     and ``enable_router_view`` add the ingress's operator routes (:class:`FleetIngress`;
     off, they are a 404). ``ValueError`` naming a bad argument, two replicas' endpoints
     that would collide included.
@@ -302,6 +323,13 @@ def build_fleet_app(
         raise ValueError(f"router must be one of {list(FLEET_ROUTERS)}, got {router!r}")
     replica_cpus = check_number("replica_cpus", replica_cpus, low=0, strict=True)
     ingress_replicas = check_int("ingress_replicas", ingress_replicas, low=1)
+    if not isinstance(store_aware, bool):
+        raise ValueError(f"store_aware must be a bool, got {store_aware!r}")
+    if store_aware and (kv_store is None or router not in STORE_AWARE_POLICIES):
+        raise ValueError(
+            f"store_aware needs a kv_store and a router in {STORE_AWARE_POLICIES}, got "
+            f"kv_store={kv_store!r}, router={router!r}"
+        )
     hasher = event_hasher()  # one seed for the router and every replica, read here
     options: dict[str, Any] = {
         "num_replicas": replicas,
@@ -324,6 +352,12 @@ def build_fleet_app(
             hash_seed=hasher.seed,
             seed=seed,
             options=dict(router_options or {}),
+            store=kv_store if store_aware else None,
+            store_capacity_bytes=(
+                None
+                if not store_aware
+                else kv_store_capacity_bytes or DEFAULT_KV_STORE_BYTES
+            ),
         )
         config.build_router()  # a bad option fails here, not in every handle's router
         options["request_router_config"] = RequestRouterConfig(
@@ -476,14 +510,15 @@ def serve_fleet(
     kv_store: str | None = None,
     kv_store_capacity_bytes: int | None = None,
     kv_store_write_policy: str | None = None,
+    store_aware: bool = False,
 ) -> signal.Signals:
     """``radixkv serve --replicas N --router NAME``: run the fleet on ``host:port``, print
     the URL, each replica's KV-event endpoints (``event_endpoint`` / ``replay_endpoint``
     offset by rank, else ports the OS picks; :func:`build_fleet_app`) and a curl line, and
     serve until SIGINT or SIGTERM (:func:`stop_on_signals`);
     return that signal once the fleet is down. Each replica gets an equal share of the
-    machine's CPUs, at most one. ``enable_cache_reset``, ``enable_router_view`` and the
-    ``kv_store*`` settings go to :func:`build_fleet_app`.
+    machine's CPUs, at most one. ``enable_cache_reset``, ``enable_router_view``, the
+    ``kv_store*`` settings and ``store_aware`` go to :func:`build_fleet_app`.
 
     On a signal it drains the fleet first, as one server drains its engine
     (:func:`drain_fleet`): new requests get a 503, every open one ends with ``"abort"``
@@ -532,6 +567,7 @@ def serve_fleet(
                 kv_store=kv_store,
                 kv_store_capacity_bytes=kv_store_capacity_bytes,
                 kv_store_write_policy=kv_store_write_policy,
+                store_aware=store_aware,
             )
             serve.start(http_options={"host": host, "port": port})
             serve.run(app, name=_APP_NAME, route_prefix="/")

@@ -16,8 +16,9 @@ cache held.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both also as
 server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (every
-replica's engine metrics, and the requests' histograms this ingress records through the
-handlers, as the single server's; :mod:`radixkv.serve.openai.metrics`) and
+replica's engine metrics, its host tier's and KV store's where it has them, and the
+requests' histograms this ingress records through the handlers, as the single server's;
+:mod:`radixkv.serve.openai.metrics`) and
 ``GET /replicas`` (the replicas that answer; one that does not is reported
 as unreachable). Two operator routes are the 404 of an unknown path unless enabled:
 ``GET /router`` (``enable_router_view``: this ingress's router's view of the fleet, load
@@ -49,6 +50,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
 from radixkv.engine.request import EngineLimits, SamplingParams
+from radixkv.engine.stats import TierStats
 from radixkv.serve.openai.bodies import default_max_body_bytes, read_body, server_version
 from radixkv.serve.openai.client import EngineMetrics, RequestOutput
 from radixkv.serve.openai.errors import ApiError, as_api_error, install_error_handlers, parse_body
@@ -332,16 +334,20 @@ class FleetIngress:
 
     @api.get("/metrics")
     async def metrics_text(self) -> Response:
-        """Prometheus text: every answering replica's engine metrics, labelled ``replica``
-        (one that does not answer is left out, as Prometheus leaves out a dead target),
-        and the requests' histograms and ``request_success`` this ingress recorded."""
+        """Prometheus text: every answering replica's engine metrics and, for a replica with
+        a host tier, its host tier's and KV store's (``host_cache_*``, ``kv_store_*``), all
+        labelled ``replica`` (one that does not answer is left out, as Prometheus leaves
+        out a dead target), and the requests' histograms and ``request_success`` this
+        ingress recorded."""
         names = [f.name for f in fields(EngineMetrics)]
-        per = {
-            rid: EngineMetrics(**{n: row[n] for n in names})
+        rows = {
+            rid: row
             for rid, row in (await collect_stats(self.engine, self._replica_names)).items()
             if row["state"] == "running"
         }
-        return Response(self.metrics.render_fleet(per), media_type=CONTENT_TYPE)
+        per = {rid: EngineMetrics(**{n: row[n] for n in names}) for rid, row in rows.items()}
+        tiers = {rid: TierStats(**row["tiers"]) for rid, row in rows.items() if row.get("tiers")}
+        return Response(self.metrics.render_fleet(per, tiers), media_type=CONTENT_TYPE)
 
     @api.get("/router")
     async def routing_snapshot(self) -> dict[str, Any]:

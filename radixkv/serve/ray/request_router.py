@@ -46,21 +46,25 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from radixkv.cache.hashing import CHAIN_HASHES, ChainHasher
+from radixkv.cache.store.keys import StoreKeyspace
+from radixkv.cache.store.opening import check_kv_store_spec, open_kv_store
 from radixkv.checks import check_int, check_number, is_int
 from radixkv.fleet.event_feed import EventFeed, FeedItem
 from radixkv.fleet.router import ROUTERS, make_router
 from radixkv.fleet.routing import Router, RouteRequest
 from radixkv.fleet.routing_state import RoutingState
+from radixkv.fleet.shared_store import DEFAULT_STORE_LOAD_COST, StoreView
 from radixkv.serve.ray import router_registry
 
 __all__ = [
+    "STORE_AWARE_POLICIES",
     "NoReplicaEvents",
     "PrefixRouter",
     "PrefixRouterConfig",
@@ -70,6 +74,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+STORE_AWARE_POLICIES = ("approx", "exact")  # the prefix-aware ones: they price a store's blocks
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,12 @@ class PrefixRouterConfig:
       the one policy that uses them).
     - ``pending_ttl_s``: a decision Serve never confirms (the request was
       cancelled before a replica accepted it) stops counting after this long.
+    - ``store``: the KV store the replicas share (``kv_store``: a directory or
+      ``mooncake://HOST:PORT``), for a prefix-aware policy (``exact``, ``approx``) to price
+      the blocks it holds past a replica's prefix as loads (store-aware routing,
+      :class:`~radixkv.fleet.shared_store.StoreView`); None: blind to it. The router opens
+      it (``store_capacity_bytes``, the replicas') once a replica reports its keyspace,
+      and prices a block at ``store_load_cost`` x the policy's prefill per token.
     """
 
     policy: str = "exact"
@@ -94,6 +106,9 @@ class PrefixRouterConfig:
     options: dict[str, Any] = field(default_factory=dict)
     events: bool | None = None
     pending_ttl_s: float = 30.0
+    store: str | None = None
+    store_capacity_bytes: int | None = None
+    store_load_cost: float = DEFAULT_STORE_LOAD_COST
 
     def __post_init__(self) -> None:
         if self.policy not in ROUTERS:
@@ -110,12 +125,27 @@ class PrefixRouterConfig:
         if self.events is not None and not isinstance(self.events, bool):
             raise ValueError(f"events must be a bool or None, got {self.events!r}")
         ttl = check_number("pending_ttl_s", self.pending_ttl_s, low=0, strict=True, finite=False)
+        if self.store is not None:
+            check_kv_store_spec(self.store)
+            if self.policy not in STORE_AWARE_POLICIES:
+                raise ValueError(
+                    f"store needs a prefix-aware policy {STORE_AWARE_POLICIES}, "
+                    f"got policy {self.policy!r}"
+                )
+        capacity = check_int(
+            "store_capacity_bytes", self.store_capacity_bytes, low=1, optional=True
+        )
+        if self.store is not None and capacity is None:
+            raise ValueError(f"store {self.store!r} needs store_capacity_bytes, got None")
+        load_cost = check_number("store_load_cost", self.store_load_cost, low=0)
         hash_seed = self.hash_seed if isinstance(self.hash_seed, str) else int(self.hash_seed)
         for name, value in (
             ("block_size", block_size),
             ("seed", seed),
             ("hash_seed", hash_seed),
             ("pending_ttl_s", ttl),
+            ("store_capacity_bytes", capacity),
+            ("store_load_cost", load_cost),
         ):
             object.__setattr__(self, name, value)
 
@@ -149,7 +179,9 @@ class ReplicaInfo:
 
     ``event_endpoint`` / ``replay_endpoint``: its KV event publisher (None: it
     publishes none); ``capacity_blocks``: its KV pool; ``block_size``,
-    ``hash_name``, ``hash_seed``: how its cache names blocks.
+    ``hash_name``, ``hash_seed``: how its cache names blocks; ``store_keyspace``: the
+    fields of its KV store's :class:`~radixkv.cache.store.StoreKeyspace` (None: no store),
+    which a store-aware router keys prompts with.
     """
 
     event_endpoint: str | None
@@ -158,6 +190,7 @@ class ReplicaInfo:
     block_size: int
     hash_name: str
     hash_seed: int | str
+    store_keyspace: dict[str, Any] | None = None
 
     _KEY = "radixkv"
 
@@ -185,6 +218,11 @@ class ReplicaInfo:
             config.hash_name,
             config.hash_seed,
         )
+
+
+def keyspace_fields(keyspace: StoreKeyspace) -> dict[str, Any]:
+    """``keyspace``'s constructor fields as JSON values (:attr:`ReplicaInfo.store_keyspace`)."""
+    return {f.name: getattr(keyspace, f.name) for f in fields(keyspace) if f.init}
 
 
 def route_request_of(pending_request: PendingRequest | None) -> RouteRequest | None:
@@ -305,6 +343,8 @@ class PrefixRouter(RequestRouter):
         # Serve has no shutdown hook: the feed's thread ends with the router, or on close()
         self._finalizer = weakref.finalize(self, self.replica_events.close, 1.0)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.store_view: StoreView | None = None  # store-aware: opened at the first keyspace
+        self._store_tried = False
         router_registry.register(self)
 
     def close(self) -> None:
@@ -342,6 +382,33 @@ class PrefixRouter(RequestRouter):
             return
         self.state.add_replica(replica_id, info.capacity_blocks)
         self.replica_events.join(replica_id, info)
+        self._see_store(replica_id, info)
+
+    def _see_store(self, replica_id: str, info: ReplicaInfo) -> None:
+        """Store-aware (``config.store``): at the first replica that reports its store's
+        keyspace, open the store and hand the policy a :class:`StoreView` of it. A store
+        that does not open is logged once and the router stays blind to it."""
+        store = self.config.store
+        if store is None or self._store_tried or info.store_keyspace is None:
+            return
+        self._store_tried = True
+        try:
+            keyspace = StoreKeyspace(**info.store_keyspace)
+            view = StoreView(
+                open_kv_store(store, self.config.store_capacity_bytes),
+                keyspace,
+                self.config.store_load_cost,
+            )
+            self.state.router.use_store(view)  # type: ignore[attr-defined]
+        except Exception:
+            log.exception(
+                "router %r: the store %r of replica %s could not be used; routing blind to it",
+                self.config.policy,
+                store,
+                replica_id,
+            )
+            return
+        self.store_view = view
 
     def _forget(self, replica_id: str) -> None:
         self.replica_events.forget(replica_id)
