@@ -898,6 +898,21 @@ class StoreTierMachine(HostTierMachine):
         self.evict_host_to_the_store(0, flush=True)
         self.serve(tokens, namespace, load=True, keep=False)
 
+    @rule(
+        run=st.lists(st.integers(0, 1), min_size=2, max_size=12),
+        other=st.lists(st.integers(2, 3), min_size=2, max_size=12),
+        namespace=st.sampled_from([None, "lora-a"]),
+    )
+    def load_past_the_hosts_write_backs(self, run, other, namespace):
+        """``run`` flushed to the store, then ``other`` (no prefix in common) left on the
+        host alone, then ``run`` again: making host room for its run writes ``other`` back,
+        which a small store makes room for by evicting the run (checked as any load is)."""
+        self.serve(run, namespace, load=True, keep=False)
+        self.evict_host_to_the_store(0, flush=True)
+        self.serve(other, namespace, load=True, keep=False)
+        self.cache.evict(10**9)
+        self.serve(run, namespace, load=True, keep=False)
+
     @rule(at=st.integers(0, 6), how=st.sampled_from(["miss", "short"]))
     def spoil_next_read(self, at, how):
         self.store.spoil = (at, how)
