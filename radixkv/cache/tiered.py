@@ -231,10 +231,14 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
         """``match``, then bring the host-resident part of the prefix back to the device.
 
         When nothing of the prefix is on the host alone or in the store, this is
-        ``match``. The store's run (``store_num_tokens``) is read first into host
-        blocks (evicting from the host if short; a block the store no longer
-        gives, or gives unsound, ends the run there: the rest is recomputed) and
-        filed as a host-only node past the others. Then the host-only nodes past
+        ``match``. The store's run (``store_num_tokens``) is read first, as much of it
+        as the host pool can hold (a block the store no longer gives, or gives
+        unsound, ends the run there: the rest is recomputed), its bytes held while
+        the host makes room for them (evicting; write-backs to the store cannot take
+        them away), then copied into host blocks and filed as a host-only node past
+        the others: unless the store dropped some of it since ``match``'s lookup (a
+        ``write_through`` backup in ``match`` itself may) or the host pool cannot
+        hold it, the whole run comes. Then the host-only nodes past
         the device prefix are loaded
         top-down, node by node and all-or-nothing per node (a prefix ending
         inside a node splits it first): device blocks are allocated, evicting
@@ -330,15 +334,24 @@ class TieredRadixCache(RadixCache, builds_host_tier=True):
     ) -> Node | None:
         """Bring the run the store tier's last lookup found (``num_tokens`` of ``tokens``)
         into fresh host blocks, filed as a host-only leaf below ``tip`` (None: the
-        namespace's root); None when nothing came. Takes what host room eviction can
-        make; a block the store no longer gives ends the run there."""
+        namespace's root); None when nothing came.
+
+        The run is read first, no more of it than the host pool can hold once every host
+        block but those of the nodes this load holds is evicted, and its bytes are held
+        (``StoreTier.read``); then the host makes room for what was read, and under
+        ``write_back`` the puts of that eviction may evict store entries, but not the
+        bytes in hand; then they fill the host blocks (``StoreTier.fill``). A block the
+        store no longer gives ends the run there, and no host room is made past it."""
         halloc = self._host_alloc
-        k = num_tokens // self._bs
-        if halloc.num_free < k:
-            self._evict_host(k - halloc.num_free)
-        hids = halloc.alloc_array(min(k, halloc.num_free))  # the tree's reference, if kept
+        pinned = sum(len(n.host) for n in self._loading) // ID_BYTES  # no eviction frees these
+        n = self._store.read(min(num_tokens // self._bs, halloc.num_blocks - pinned))
+        if not n:
+            return None
+        if halloc.num_free < n:
+            self._evict_host(n - halloc.num_free)
+        hids = halloc.alloc_array(min(n, halloc.num_free))  # the tree's reference, if kept
         try:
-            digests = self._store.fetch(hids)
+            digests = self._store.fill(hids)
         except BaseException:
             halloc.unalloc(hids)
             raise

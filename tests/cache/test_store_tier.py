@@ -29,6 +29,7 @@ from radixkv.cache.hashing import ChainHasher, chain_hashes
 from radixkv.cache.host import HostTier
 from radixkv.cache.prefix_cache import namespace_key
 from radixkv.cache.store import LocalDiskStore, MemoryStore, StoreKeyspace
+from radixkv.cache.store.entry import HEADER_BYTES
 from radixkv.cache.store.protocol import StoreStats
 from radixkv.cache.store.tier import ByteCopier, StoreTier
 from radixkv.errors import InvariantError
@@ -309,6 +310,27 @@ def test_load_takes_what_host_room_there_is_and_the_rest_stays_in_the_store(make
     s.cache.check()
 
 
+def test_a_full_stores_run_is_loaded_whole_though_the_loads_host_eviction_writes_back(
+    make_store,
+) -> None:
+    """The run is read before the host makes room for it: the write-back of that host
+    eviction evicts the run from the full store, but its bytes are already in hand."""
+    store = make_store(2 * (HEADER_BYTES + PAYLOAD))  # room for two blocks
+    s = Setup(store, num_host=2)
+    a, b = TOKENS[:4], [7, 7, 7, 7]
+    s.serve(a)
+    s.to_store()  # the store: a's two blocks (full)
+    s.serve(b)
+    s.cache.evict(10**9)  # the host: b's two blocks (full)
+    m = s.serve(a)  # reading a into the host evicts b from it: b is put, a evicted
+    assert (m.num_tokens, m.store_loaded_num_tokens) == (4, 4)
+    stats = s.tier.stats
+    assert (stats.found_blocks, stats.loaded_blocks, stats.load_misses) == (2, 2, 0)
+    assert stats.unfilled_blocks == 0
+    assert store.contains_run(keyspace().block_keys(b)) == 2
+    assert store.contains_run(keyspace().block_keys(a)) == 0
+
+
 def test_a_short_device_leaves_the_fetched_run_on_the_host(make_store) -> None:
     s = Setup(make_store(), num_device=4)
     s.serve(TOKENS[:8])
@@ -509,7 +531,8 @@ def test_a_copier_that_raises_on_write_frees_the_host_blocks_it_took() -> None:
 
     s.pools.bytes_to_host_blocks = broken  # type: ignore[method-assign]
     assert s.serve(TOKENS).num_tokens == 0
-    assert s.tier.stats.errors == 1
+    stats = s.tier.stats
+    assert (stats.errors, stats.loaded_blocks, stats.unfilled_blocks) == (1, 0, 6)
     s.cache.reset()
     assert s.halloc.num_free == 16
 
@@ -763,7 +786,10 @@ class StoreTierMachine(HostTierMachine):
     """HostTierMachine's rules and oracle, with a store tier below the host: every block a
     match or load hands out holds its position's bytes (what was stored is what comes back),
     ``store_num_tokens`` is the stored run past the tree (keys computed from scratch), a load
-    conserves match's total, and what the policy writes is in the store."""
+    conserves match's total and brings as much of that run to the host as the host pool can
+    hold (its blocks but the ones the load holds) even when the store is small and the
+    load's own host eviction writes back into it, and, with a store that holds everything,
+    what the policy writes is in the store."""
 
     @initialize(
         num_device=st.integers(4, 24),
@@ -772,13 +798,16 @@ class StoreTierMachine(HostTierMachine):
         host_policy=st.sampled_from(["write_back", "write_through"]),
         hits=st.integers(0, 2),
         eviction=st.sampled_from(["lru", "level"]),
+        store_blocks=st.one_of(st.none(), st.integers(1, 8)),  # None: room for everything
     )
-    def setup(self, num_device, num_host, policy, host_policy, hits, eviction):  # type: ignore[override]
+    def setup(self, num_device, num_host, policy, host_policy, hits, eviction, store_blocks):  # type: ignore[override]
         self.bs = BS
         self.alloc = BlockAllocator(num_device, BS)
         self.host = BlockAllocator(num_host, BS)
         self.pools = BytePools(num_device, num_host)
-        self.store = SpoilingStore(1 << 30)
+        entry = HEADER_BYTES + PAYLOAD
+        self.store = SpoilingStore(1 << 30 if store_blocks is None else store_blocks * entry)
+        self.store_holds_all = store_blocks is None
         self.ks = keyspace()
         self.tier = StoreTier(self.store, self.ks, self.pools, policy)
         host = HostTier(self.host, self.pools, host_policy, hits, "lru", store=self.tier)
@@ -787,7 +816,11 @@ class StoreTierMachine(HostTierMachine):
         from collections import Counter
 
         self.refs: Counter[int] = Counter()
-        note(f"device={num_device} host={num_host} store {policy} host {host_policy}/{hits}")
+        self.host_policy = host_policy
+        note(
+            f"device={num_device} host={num_host} store {policy} host {host_policy}/{hits} "
+            f"store blocks {store_blocks}"
+        )
 
     def stored_run(self, tokens: list[int], namespace: object, start: int) -> int:
         keys = self.ks.block_keys(tokens, namespace)[start // BS :]
@@ -810,10 +843,23 @@ class StoreTierMachine(HostTierMachine):
         in_tree = longest(anywhere, key, tokens, BS)
         in_store = self.stored_run(tokens, namespace, in_tree)
         host_before, fetched_before = cache.stats.host_hit_tokens, self.tier.stats.loaded_blocks
+        backed_up_before = cache.stats.backed_up_blocks
+        spoiled = self.store.spoil is not None
         m = cache.load(tokens, namespace) if load else cache.match(tokens, namespace)
         total = m.num_tokens + m.host_num_tokens + m.store_num_tokens
         if load:
             assert on_device <= m.num_tokens and total <= in_tree + in_store
+            # Nothing between the lookup and the read can drop the run but a write_through
+            # host backup in match itself (it may evict the host under a store write_back):
+            # otherwise the whole run comes to the host, or all of the host pool but the
+            # host-only prefix the load holds.
+            if not spoiled and (
+                self.host_policy == "write_back" or cache.stats.backed_up_blocks == backed_up_before
+            ):
+                room = self.host.num_blocks - (in_tree - on_device) // BS
+                got = self.tier.stats.loaded_blocks - fetched_before
+                assert got == min(in_store // BS, room), "a load missed part of the found run"
+                assert self.tier.stats.unfilled_blocks == 0
             # the store's part of the load: the whole fetched run or nothing, past the host's
             fetched = (self.tier.stats.loaded_blocks - fetched_before) * BS
             host_run = cache.stats.host_hit_tokens - host_before
@@ -853,6 +899,21 @@ class StoreTierMachine(HostTierMachine):
         self.evict_host_to_the_store(0, flush=True)
         self.serve(tokens, namespace, load=True, keep=False)
 
+    @rule(
+        run=st.lists(st.integers(0, 1), min_size=2, max_size=12),
+        other=st.lists(st.integers(2, 3), min_size=2, max_size=12),
+        namespace=st.sampled_from([None, "lora-a"]),
+    )
+    def load_past_the_hosts_write_backs(self, run, other, namespace):
+        """``run`` flushed to the store, then ``other`` (no prefix in common) left on the
+        host alone, then ``run`` again: making host room for its run writes ``other`` back,
+        which a small store makes room for by evicting the run (checked as any load is)."""
+        self.serve(run, namespace, load=True, keep=False)
+        self.evict_host_to_the_store(0, flush=True)
+        self.serve(other, namespace, load=True, keep=False)
+        self.cache.evict(10**9)
+        self.serve(run, namespace, load=True, keep=False)
+
     @rule(at=st.integers(0, 6), how=st.sampled_from(["miss", "short"]))
     def spoil_next_read(self, at, how):
         self.store.spoil = (at, how)
@@ -866,7 +927,7 @@ class StoreTierMachine(HostTierMachine):
         host_only = host_only_prefixes(self.cache)
         self.cache.evict_host(n)
         _, after = tier_prefixes(self.cache)
-        if self.policy != "write_back":
+        if self.policy != "write_back" or not self.store_holds_all:
             return  # write_through: the invariant checks every host copy is written
         for ns_key, prefix in host_only & (before - after):
             ns = None if ns_key == namespace_key(None) else "lora-a"
@@ -886,7 +947,7 @@ class StoreTierMachine(HostTierMachine):
                 for i, h in enumerate(node.host_ids().tolist()):
                     prefix = toks[: len(before) + (i + 1) * BS]
                     assert self.pools.host[h].tobytes() == payload(ns, prefix), "host bytes"
-                    if self.policy == "write_through":
+                    if self.policy == "write_through" and self.store_holds_all:
                         keys = self.ks.block_keys(list(prefix), ns)
                         assert self.store.contains_run(keys[-1:]) == 1, "a backup not written"
                 stack.extend((c, toks) for c in node.children.values())

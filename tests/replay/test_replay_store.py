@@ -99,17 +99,22 @@ def test_hand_trace_device_2_host_2_store_4(write_policy):
 
 
 def test_hand_trace_store_of_one_node_write_back():
-    # store 2 (room for one node's two blocks), write_back: C evicts B to the host, which
-    # puts A in the store. A: the store has it, but reading it into the host first evicts
-    # B from the host, and write_back puts B, which evicts A from the full store: the load
-    # finds A gone (a load miss) and A is recomputed, C going to the host. C: a host hit.
-    # B: a store hit.
+    # store 2 (room for one node's two blocks), write_back: B evicts A to the host; C evicts
+    # B to the host, which evicts A from it: A is put in the store. A: the store has it; its
+    # run is read first (bytes in hand), then the host makes room by evicting B, whose
+    # write-back evicts A from the full store (store: B), which no longer matters: A fills
+    # the host and loads to the device (a store hit of 2), whose eviction of C finds no host
+    # room (A holds it while loading): C is lost. C: a miss; A leaves the device for its
+    # host copy. B: the store has it: read, the host evicts A (put again, evicting B from
+    # the store: store A), B fills the host and loads (a store hit of 2; C lost again).
     r = hand(2)
-    assert r.host_hit_blocks.tolist() == [0, 0, 0, 0, 2, 0]
-    assert r.store_hit_blocks.tolist() == [0, 0, 0, 0, 0, 2]
-    t, c = r.store_stats, r.store_counts
-    assert (t.found_blocks, t.loaded_blocks, t.load_misses) == (4, 2, 1)
-    assert (c.num_entries, c.evicted) == (2, 2)  # B's blocks; A's went
+    assert r.host_hit_blocks.tolist() == [0] * 6
+    assert r.store_hit_blocks.tolist() == [0, 0, 0, 2, 0, 2]
+    s, t, c = r.cache_stats, r.store_stats, r.store_counts
+    assert (t.found_blocks, t.loaded_blocks, t.load_misses, t.unfilled_blocks) == (4, 4, 0, 0)
+    assert (t.put_blocks, t.stored_blocks) == (6, 6)  # A, B, A: each evicted in between
+    assert (c.num_entries, c.evicted) == (2, 4)  # A's blocks; B's went at B's load
+    assert (s.backed_up_blocks, s.skipped_backup_blocks) == (4, 4)  # C, twice
 
 
 def test_hand_trace_store_of_one_node_write_through():

@@ -23,11 +23,14 @@ such as ``KeyboardInterrupt`` passes):
   the query's next full blocks are hashed and ``contains_run`` says how many are
   stored (``MatchResult.store_num_tokens``); the tier keeps that run for the
   ``load`` that follows (one cache per tier).
-- **load** (:meth:`StoreTier.fetch`): ``get_many`` of the run into host blocks the
-  cache took, through ``bytes_to_host_blocks``; the first block that is missing or
-  not a payload of ``bytes_per_block`` bytes stops it there (the rest is
-  recomputed). The cache then files the run as a host-only node and loads it to
-  the device as it loads any host-only node.
+- **load**, in two steps: :meth:`StoreTier.read` ``get_many``s the run (no more
+  blocks than the host pool could hold) and holds the bytes; the first block that is
+  missing or not a payload of ``bytes_per_block`` bytes stops it there (the rest is
+  recomputed). Only then does the cache make host room, so the write-backs of that
+  host eviction cannot take the run away; :meth:`StoreTier.fill` copies the held
+  bytes into the host blocks the cache took, through ``bytes_to_host_blocks``. The
+  cache then files the run as a host-only node and loads it to the device as it
+  loads any host-only node.
 - **faults**: a store or copier that raises, answers out of contract (a run
   length out of range, a list of the wrong length, a value that is no payload)
   or refuses writes costs only what it would have saved: the call counts it
@@ -106,8 +109,11 @@ class StoreTierStats:
 
     - ``lookups``: ``contains_run`` asks (one per match with a full block past the
       tree); ``found_blocks``: blocks they reported stored;
-    - ``loaded_blocks``/``loaded_bytes``: blocks read from the store into the host
-      pool; ``load_seconds``: time in ``get_many`` and ``bytes_to_host_blocks``;
+    - ``loaded_blocks``/``loaded_bytes``: blocks read from the store and copied into the
+      host pool; ``load_seconds``: time in ``get_many`` and ``bytes_to_host_blocks``;
+      ``unfilled_blocks``: blocks read that were never copied into the host (it had less
+      room than the read, or the copy failed; the cache reads no more than its host
+      can take, so 0 but for copier faults);
     - ``load_misses``: loads that stopped at a block the store no longer gave
       (dropped since the lookup, or refused by the store as corrupt: the store's
       own ``stats.corrupt`` counts those); ``corrupt_blocks``: values the tier
@@ -125,6 +131,7 @@ class StoreTierStats:
     loaded_bytes: int = 0
     load_seconds: float = 0.0
     load_misses: int = 0
+    unfilled_blocks: int = 0
     corrupt_blocks: int = 0
     put_blocks: int = 0
     stored_blocks: int = 0
@@ -201,6 +208,9 @@ class StoreTier:
         # the run the last lookup found: its keys and chain digests, for the load that follows
         self._run_keys: list[bytes] = []
         self._run_digests: list[bytes] = []
+        # the payloads read of that run (and their digests), held for the fill
+        self._held: list[bytes] = []
+        self._held_digests = b""
 
     # ------------------------------------------------------------ properties
     @property
@@ -247,7 +257,7 @@ class StoreTier:
         namespace: Hashable,
     ) -> int:
         """Blocks of ``tokens`` (the query's tokens past the tree's whole match, under
-        ``namespace``) the store holds, from the first; kept for :meth:`fetch`.
+        ``namespace``) the store holds, from the first; kept for :meth:`read`.
 
         The match ends after the first ``split_at`` blocks of ``split_child`` if it
         is not None, else at the end of ``path`` (empty: at the root). Never raises
@@ -256,6 +266,8 @@ class StoreTier:
         """
         self._run_keys = []
         self._run_digests = []
+        self._held = []
+        self._held_digests = b""
         if len(tokens) < self._keyspace.block_size:
             return 0
         if split_child is not None:
@@ -285,20 +297,22 @@ class StoreTier:
         self._run_digests = chain[:found]
         return found
 
-    def fetch(self, host: np.ndarray) -> bytes:
-        """Read the first ``len(host)`` blocks of the last :meth:`lookup`'s run into host
-        blocks ``host``; return the chain digests of those read (concatenated,
-        :data:`DIGEST_BYTES` each: the node that files them keeps them). Stops at the
-        first block missing or refused: ``host[n:]`` past the ``n`` read are untouched
-        (or hold nothing the cache will read). Forgets the run. Never raises for a
-        fault. Complexity: O(bytes read).
+    def read(self, limit: int) -> int:
+        """Read (``get_many``) the first ``limit`` blocks of the last :meth:`lookup`'s run
+        and hold their payloads for :meth:`fill`; return how many are held. Stops at the
+        first block missing (``load_misses``) or refused (``corrupt_blocks``). Forgets the
+        run. The bytes are held from here to the fill or the next lookup, so what the store
+        does meanwhile (the puts of the host eviction that makes room for them) cannot take
+        them away. Never raises for a fault: 0 then. Complexity: O(bytes read).
         """
-        keys = self._run_keys[: len(host)]
+        keys = self._run_keys[: max(limit, 0)]
         digests = self._run_digests
         self._run_keys = []
         self._run_digests = []
+        self._held = []
+        self._held_digests = b""
         if not keys:
-            return b""
+            return 0
         stats = self._stats
         size = self._bytes_per_block
         start = time.perf_counter()
@@ -306,12 +320,12 @@ class StoreTier:
             values = self._store.get_many(keys)
         except Exception as exc:
             self._fault("get_many", exc)
-            return b""
+            return 0
         finally:
             stats.load_seconds += time.perf_counter() - start
         if not isinstance(values, list) or len(values) != len(keys):
             self._fault("get_many", f"answered {type(values).__name__} for {len(keys)} keys")
-            return b""
+            return 0
         good: list[bytes] = []
         for value in values:
             if value is None:
@@ -321,19 +335,39 @@ class StoreTier:
                 stats.corrupt_blocks += 1
                 break
             good.append(value)
-        n = len(good)
-        if n:
-            start = time.perf_counter()
-            try:
-                self._copier.bytes_to_host_blocks(good, host[:n])
-            except Exception as exc:
-                self._fault("bytes_to_host_blocks", exc)
-                return b""
-            finally:
-                stats.load_seconds += time.perf_counter() - start
+        self._held = good
+        self._held_digests = b"".join(digests[: len(good)])
+        return len(good)
+
+    def fill(self, host: np.ndarray) -> bytes:
+        """Copy the first ``len(host)`` payloads :meth:`read` holds (at most as many as it
+        held) into host blocks ``host``; return the chain digests of those copied
+        (concatenated, :data:`DIGEST_BYTES` each: the node that files them keeps them).
+        Only these count as loaded; the held payloads not copied count in
+        ``unfilled_blocks``. Lets the held bytes go. A copier that raises is a fault:
+        nothing is loaded, ``b""`` (``host`` then holds nothing the cache will read).
+        Never raises for a fault. Complexity: O(bytes copied).
+        """
+        held, digests = self._held, self._held_digests
+        self._held = []
+        self._held_digests = b""
+        n = min(len(host), len(held))
+        stats = self._stats
+        stats.unfilled_blocks += len(held) - n
+        if not n:
+            return b""
+        start = time.perf_counter()
+        try:
+            self._copier.bytes_to_host_blocks(held[:n], host[:n])
+        except Exception as exc:
+            self._fault("bytes_to_host_blocks", exc)
+            stats.unfilled_blocks += n
+            return b""
+        finally:
+            stats.load_seconds += time.perf_counter() - start
         stats.loaded_blocks += n
-        stats.loaded_bytes += n * size
-        return b"".join(digests[:n])
+        stats.loaded_bytes += n * self._bytes_per_block
+        return digests[: n * DIGEST_BYTES]
 
     def released(self, node: Node, *, confirm: bool = False) -> int:
         """Host eviction is about to free host-only leaf ``node``'s host blocks: under
@@ -488,7 +522,12 @@ class NoStore:
     ) -> int:
         return 0
 
-    def fetch(self, host: np.ndarray) -> bytes:
+    def read(self, limit: int) -> int:
+        """Nothing to read: 0 blocks held."""
+        return 0
+
+    def fill(self, host: np.ndarray) -> bytes:
+        """Nothing held: no digests."""
         return b""
 
     def released(self, node: Node, *, confirm: bool = False) -> int:
