@@ -39,7 +39,7 @@ from radixkv.cache.arrays import (
     as_token_array,
     common_prefix_len,
 )
-from radixkv.cache.events import HOST_MEDIUM, MEDIUM, STORAGE_MEDIUM, KVCacheEvent
+from radixkv.cache.events import MEDIUM, KVCacheEvent
 from radixkv.cache.eviction import EvictionOrder, check_key, make_eviction_order
 from radixkv.cache.hashing import ChainHasher
 from radixkv.cache.leaf_index import LeafIndex
@@ -58,9 +58,6 @@ from radixkv.checks import check_int
 from radixkv.errors import invariant
 
 __all__ = ["CacheStats", "MatchResult", "RadixCache"]
-
-_MEDIA = (MEDIUM, HOST_MEDIUM)
-
 
 class RadixCache:
     """Block-level prefix cache over a ``BlockAllocator`` (SGLang-style radix tree).
@@ -203,19 +200,6 @@ class RadixCache:
         nothing the cache could list: docs/store.md), and ``ValueError`` if events
         are off (no block has a hash). Changes nothing. Complexity: O(cached blocks).
         """
-        if medium == STORAGE_MEDIUM:
-            raise ValueError(
-                f"medium must be one of {_MEDIA}, got {medium!r}: a store drops entries this "
-                "cache never sees, so its 'STORAGE' events are announcements with no removals "
-                "to net against; ask the store (contains_run)"
-            )
-        if medium not in _MEDIA:
-            raise ValueError(f"medium must be one of {_MEDIA}, got {medium!r}")
-        if self._events.hasher is None:
-            raise ValueError(
-                f"cache must be a radix cache with events on (events=ChainHasher(...)) for "
-                f"block_hashes, got {self!r}"
-            )
         return self._events.block_hashes(self._iter_nodes(), medium)
 
     @property

@@ -21,12 +21,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from radixkv.cache.events import MEDIUM, EventLog, KVCacheEvent
+from radixkv.cache.events import HOST_MEDIUM, MEDIUM, STORAGE_MEDIUM, EventLog, KVCacheEvent
 from radixkv.cache.hashing import ChainHasher, Digest, namespace_extra_keys
 from radixkv.cache.node import Node, Root
 from radixkv.errors import invariant
 
-__all__ = ["NO_TREE_EVENTS", "LeafChain", "NoTreeEvents", "TreeEvents"]
+__all__ = ["NO_TREE_EVENTS", "LeafChain", "NoTreeEvents", "TreeEvents", "check_medium"]
 
 
 class LeafChain(NamedTuple):
@@ -118,7 +118,9 @@ class TreeEvents:
 
     def block_hashes(self, nodes: Iterable[Node], medium: str) -> list[int]:
         """The wire hashes of the blocks ``nodes`` hold in ``medium``: their device blocks for
-        ``"GPU"``, their host copies for ``"CPU"``; node by node, in order."""
+        ``"GPU"``, their host copies for ``"CPU"``; node by node, in order. ``ValueError``
+        naming ``medium`` for any other (``RadixCache.block_hashes`` says why not STORAGE)."""
+        check_medium(medium)
         wire_list = self.hasher.wire_list
         device = medium == MEDIUM
         out: list[int] = []
@@ -188,10 +190,28 @@ class NoTreeEvents:
         """Records nothing."""
 
     def block_hashes(self, nodes: Iterable[Node], medium: str) -> list[int]:
-        raise ValueError("wire hashes need events on (events=ChainHasher(...))")
+        check_medium(medium)
+        raise ValueError(
+            "cache must be a radix cache with events on (events=ChainHasher(...)) for "
+            "block_hashes: no block has a hash with events off"
+        )
 
     def check(self, parent: Node, child: Node) -> None:
         invariant(child.digests is None, "a node keeps digests with events off")
 
 
 NO_TREE_EVENTS = NoTreeEvents()
+
+_MEDIA = (MEDIUM, HOST_MEDIUM)  # the media whose events a tree nets out: it sees every removal
+
+
+def check_medium(medium: str) -> None:
+    """``ValueError`` naming ``medium`` unless the tree can list its blocks there."""
+    if medium == STORAGE_MEDIUM:
+        raise ValueError(
+            f"medium must be one of {_MEDIA}, got {medium!r}: a store drops entries this "
+            "cache never sees, so its 'STORAGE' events are announcements with no removals "
+            "to net against; ask the store (contains_run)"
+        )
+    if medium not in _MEDIA:
+        raise ValueError(f"medium must be one of {_MEDIA}, got {medium!r}")
