@@ -16,13 +16,16 @@ float32, and 46,080 bytes, one token of it) and each backend:
 A repeat writes ``--blocks`` new blocks in one ``put_many`` into a fresh store, then
 reads them all back in one ``get_many``; per repeat the time per block and the GB/s;
 reported: medians over ``--repeats`` repeats with [min, max]. The reads are warm: the
-blocks were just written, so they come from the page cache (a cold read from the
-device is slower, and dropping the page cache is not something a shared machine
-lets a benchmark do). There is no fsync anywhere (the store does not fsync either).
+blocks were just written, so they come from the page cache. ``--cold`` adds a third
+pass to the folder backends (``raw``, ``disk``): ``sync``, drop the page cache
+(``/proc/sys/vm/drop_caches``, root only: a clear error otherwise), and read every
+block again from the device (op ``cold_get``). There is no fsync in the store or in
+the timed writes.
 
     python benchmarks/bench_store.py --quick   # a few seconds
     python benchmarks/bench_store.py --out benchmarks/results/bench_store.csv
     python benchmarks/bench_store.py --mooncake local   # needs radixkv[store-mooncake]
+    python benchmarks/bench_store.py --cold             # as root: reads from the device too
 """
 
 from __future__ import annotations
@@ -54,38 +57,74 @@ def payloads(num_blocks: int, block_bytes: int, seed: int) -> list[tuple[bytes, 
     ]
 
 
-def raw_round(folder: Path, items: list[tuple[bytes, bytes]]) -> tuple[float, float]:
-    """Seconds to write, then read, ``items`` as plain files (the baseline)."""
+Round = tuple[float, ...]  # put seconds, get seconds[, cold get seconds]
+
+
+def drop_page_cache() -> None:
+    """Write dirty pages back, then drop the clean ones, so the next read comes from the
+    device. ``SystemExit`` saying why if this process may not (it needs root)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError as exc:
+        raise SystemExit(f"--cold needs to drop the page cache (as root): {exc}") from None
+
+
+def raw_round(folder: Path, items: list[tuple[bytes, bytes]], cold: bool = False) -> Round:
+    """Seconds to write, then read, ``items`` as plain files (the baseline); with ``cold``,
+    to read them again after :func:`drop_page_cache`."""
+
+    def read() -> float:
+        t0 = time.perf_counter()
+        got = []  # kept, as get_many keeps every value it returns (fresh pages to fault in)
+        for key, _ in items:
+            with open(folder / key.hex(), "rb") as f:
+                got.append(f.read())
+        seconds = time.perf_counter() - t0
+        assert [len(g) for g in got] == [len(v) for _, v in items]
+        return seconds
+
     t0 = time.perf_counter()
     for key, value in items:
         with open(folder / key.hex(), "wb") as f:
             f.write(value)
-    t1 = time.perf_counter()
-    got = []  # kept, as get_many keeps every value it returns (fresh pages to fault in)
-    for key, _ in items:
-        with open(folder / key.hex(), "rb") as f:
-            got.append(f.read())
-    t2 = time.perf_counter()
-    assert [len(g) for g in got] == [len(v) for _, v in items]
-    return t1 - t0, t2 - t1
+    put = time.perf_counter() - t0
+    warm = read()
+    if not cold:
+        return put, warm
+    drop_page_cache()
+    return put, warm, read()
 
 
-def store_round(store: object, items: list[tuple[bytes, bytes]]) -> tuple[float, float]:
-    """Seconds for one ``put_many`` of ``items``, then one ``get_many`` of their keys."""
+def store_round(store: object, items: list[tuple[bytes, bytes]], cold: bool = False) -> Round:
+    """Seconds for one ``put_many`` of ``items``, then one ``get_many`` of their keys; with
+    ``cold``, one more ``get_many`` after :func:`drop_page_cache`."""
     keys = [k for k, _ in items]
+
+    def read() -> float:
+        t0 = time.perf_counter()
+        got = store.get_many(keys)
+        seconds = time.perf_counter() - t0
+        assert all(
+            g is not None and len(g) == len(v) for g, (_, v) in zip(got, items, strict=True)
+        )
+        return seconds
+
     t0 = time.perf_counter()
     assert store.put_many(items) == len(items)
-    t1 = time.perf_counter()
-    got = store.get_many(keys)
-    t2 = time.perf_counter()
-    assert all(g is not None and len(g) == len(v) for g, (_, v) in zip(got, items, strict=True))
-    return t1 - t0, t2 - t1
+    put = time.perf_counter() - t0
+    warm = read()
+    if not cold:
+        return put, warm
+    drop_page_cache()
+    return put, warm, read()
 
 
 _PREFIXES = itertools.count()
 
 
-def mooncake_round(pool: MooncakeStore, items: list[tuple[bytes, bytes]]) -> tuple[float, float]:
+def mooncake_round(pool: MooncakeStore, items: list[tuple[bytes, bytes]]) -> Round:
     """:func:`store_round` in a fresh store sharing ``pool``'s client, then empty the pool."""
     capacity = 2 * sum(len(v) + 64 for _, v in items)
     with pool.share(capacity, key_prefix=f"bench{next(_PREFIXES)}/") as store:
@@ -101,20 +140,22 @@ def measure(
     items: list[tuple[bytes, bytes]],
     repeats: int,
     pool: MooncakeStore | None = None,
-) -> list[tuple[float, float]]:
-    """``repeats`` (put seconds, get seconds) pairs, each in a fresh store, after a warm-up."""
+    cold: bool = False,
+) -> list[Round]:
+    """``repeats`` :data:`Round` s, each in a fresh store, after a warm-up; ``cold`` adds the
+    cold get to the folder backends."""
     capacity = 2 * sum(len(v) + 64 for _, v in items)
 
-    def once() -> tuple[float, float]:
+    def once() -> Round:
         folder = Path(tempfile.mkdtemp(dir=base))
         try:
             if backend == "raw":
-                return raw_round(folder, items)
+                return raw_round(folder, items, cold)
             if backend == "memory":
                 return store_round(MemoryStore(capacity), items)
             if backend == "mooncake":
                 return mooncake_round(pool, items)
-            return store_round(LocalDiskStore(folder, capacity), items)
+            return store_round(LocalDiskStore(folder, capacity), items, cold)
         finally:
             shutil.rmtree(folder)
 
@@ -140,6 +181,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         metavar="local|HOST:PORT",
         help="also measure MooncakeStore: 'local' starts a mooncake_master on 127.0.0.1",
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="also read raw and disk blocks after dropping the page cache (needs root)",
     )
     args = ap.parse_args(argv)
     if args.quick:
@@ -168,11 +214,11 @@ def main(argv: list[str] | None = None) -> None:
         f"blocks per batch={args.blocks} repeats={args.repeats} (median [min, max]); "
         f"folder under {args.dir or tempfile.gettempdir()} ({fs.f_bsize}-byte fs blocks)"
     )
-    print(f"{'bytes':>8} {'backend':8} {'op':3} {'ms/block':>9} {'[min':>8} {'max]':>8} "
+    print(f"{'bytes':>8} {'backend':8} {'op':8} {'ms/block':>9} {'[min':>8} {'max]':>8} "
           f"{'GB/s':>6} {'vs raw':>6}")
     for r in rows:
         print(
-            f"{r['block_bytes']:>8} {r['backend']:8} {r['op']:3} {r['ms_per_block']:9.3f} "
+            f"{r['block_bytes']:>8} {r['backend']:8} {r['op']:8} {r['ms_per_block']:9.3f} "
             f"{r['ms_per_block_min']:8.3f} {r['ms_per_block_max']:8.3f} {r['gb_per_s']:6.2f} "
             f"{r['vs_raw']:6.2f}"
         )
@@ -192,8 +238,8 @@ def run_all(
             items = payloads(args.blocks, size, args.seed)
             raw: dict[str, float] = {}
             for backend in backends:
-                runs = measure(backend, base, items, args.repeats, pool)
-                for op, idx in (("put", 0), ("get", 1)):
+                runs = measure(backend, base, items, args.repeats, pool, args.cold)
+                for op, idx in (("put", 0), ("get", 1), ("cold_get", 2))[: len(runs[0])]:
                     med, lo, hi = summarize([r[idx] for r in runs])
                     if backend == "raw":
                         raw[op] = med
