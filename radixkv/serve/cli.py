@@ -539,13 +539,14 @@ def _run_fleet(args: argparse.Namespace) -> int:
     problem = _model_options_problem(args)
     if problem is not None:
         return fail(PROG, problem)
-    if args.kv_store is not None and not args.kv_store.startswith("mooncake://"):
-        # Each replica opens the directory; a bad one is found here, once, before Ray starts.
+    if args.kv_store is not None:
+        # Each replica opens the store; a bad directory or a master that does not answer is
+        # found here, once, before Ray starts (a replica that cannot open it never comes up).
+        from radixkv.cache.store.opening import check_kv_store
         from radixkv.engine.engine import DEFAULT_KV_STORE_BYTES
-        from radixkv.engine.kv_store import open_kv_store
 
         try:
-            open_kv_store(args.kv_store, args.kv_store_capacity or DEFAULT_KV_STORE_BYTES)
+            check_kv_store(args.kv_store, args.kv_store_capacity or DEFAULT_KV_STORE_BYTES)
         except ValueError as exc:
             return fail(PROG, f"--kv-store: {exc}")
     try:

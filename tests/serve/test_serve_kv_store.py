@@ -3,6 +3,7 @@ so, and ``radixkv serve --kv-store`` refuses a bad store in one line."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,9 @@ SERVE = ["serve", "--model", "random", "--port", "0"]
         (["--kv-store", "{file}"], "--kv-store: kv_store '{file}': path must be a directory"),
         (["--kv-store", "{file}", "--replicas", "2", "--router", "exact"],
          "--kv-store: kv_store '{file}': path must be a directory"),
+        (["--kv-store", "mooncake://127.0.0.1:{port}", "--replicas", "2", "--router", "exact"],
+         "--kv-store: kv_store 'mooncake://127.0.0.1:{port}': master_address must be "
+         "reachable, got '127.0.0.1:{port}'"),
         (["--kv-store", "{dir}", "--no-enable-prefix-caching"],
          "--kv-store needs the prefix cache"),
         (["--kv-store", "{dir}", "--kv-store-capacity", "99999999999999999999999999"],
@@ -112,7 +116,10 @@ SERVE = ["serve", "--model", "random", "--port", "0"]
 def test_serve_refuses_a_bad_store_in_one_line(capsys, tmp_path, flags, start) -> None:
     afile = tmp_path / "a-file"
     afile.write_text("")
-    names = {"file": str(afile), "dir": str(tmp_path / "store")}
+    with socket.socket() as sock:  # a port nothing listens on once it is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    names = {"file": str(afile), "dir": str(tmp_path / "store"), "port": port}
     assert exit_code([*SERVE, *(f.format(**names) for f in flags)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, err

@@ -56,7 +56,7 @@ from radixkv.cache.store.keys import check_items, check_keys
 from radixkv.cache.store.lru import LruStore
 from radixkv.checks import check_int, check_number, check_str
 
-__all__ = ["MIN_SEGMENT_BYTES", "PACKAGE", "MooncakeMaster", "MooncakeStore"]
+__all__ = ["MIN_SEGMENT_BYTES", "PACKAGE", "MooncakeMaster", "MooncakeStore", "check_master"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,15 @@ def _probe(name: str, value: str, host: str, port: int, timeout_s: float) -> str
         raise ValueError(
             f"{name} must be reachable, got {value!r} ({exc.strerror or exc})"
         ) from None
+
+
+def check_master(master_address: str, timeout_s: float = 5.0) -> None:
+    """``ValueError`` naming ``master_address`` unless it is ``HOST:PORT`` and something
+    accepts a TCP connection there within ``timeout_s``: what :class:`MooncakeStore` checks
+    first, without Mooncake's client or lending the pool memory (a fleet's driver checks
+    the master its replicas will join before it starts them). Complexity: one connect."""
+    host, port = _host_port("master_address", master_address)
+    _probe("master_address", master_address, host, port, timeout_s)
 
 
 def _free_port() -> int:

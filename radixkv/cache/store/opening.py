@@ -8,10 +8,16 @@ the replicas' store what it holds) opens the same store the engines open
 from __future__ import annotations
 
 from radixkv.cache.store.local import LocalDiskStore
-from radixkv.cache.store.mooncake import MooncakeStore
+from radixkv.cache.store.mooncake import MooncakeStore, check_master
 from radixkv.cache.store.protocol import KVStore
 
-__all__ = ["MOONCAKE_SCHEME", "KVStoreOpenError", "check_kv_store_spec", "open_kv_store"]
+__all__ = [
+    "MOONCAKE_SCHEME",
+    "KVStoreOpenError",
+    "check_kv_store",
+    "check_kv_store_spec",
+    "open_kv_store",
+]
 
 MOONCAKE_SCHEME = "mooncake://"
 """``kv_store`` values that start with this name a Mooncake master (``mooncake://HOST:PORT``);
@@ -35,6 +41,22 @@ def check_kv_store_spec(spec: object) -> str:
     if spec.startswith(MOONCAKE_SCHEME) and not spec[len(MOONCAKE_SCHEME) :]:
         raise ValueError(f"kv_store must be {MOONCAKE_SCHEME}HOST:PORT, got {spec!r}")
     return spec
+
+
+def check_kv_store(spec: str, capacity_bytes: int) -> None:
+    """What :func:`open_kv_store` would refuse, found without joining a pool: a directory is
+    opened (and left), a Mooncake master is only probed (``mooncake.check_master``), so a
+    fleet's driver can say one line before any replica starts. Raises as
+    :func:`open_kv_store` (``KVStoreOpenError`` for a store that cannot be opened).
+    Complexity: a directory's start-up scan, or one TCP connect."""
+    check_kv_store_spec(spec)
+    if not spec.startswith(MOONCAKE_SCHEME):
+        open_kv_store(spec, capacity_bytes)
+        return
+    try:
+        check_master(spec[len(MOONCAKE_SCHEME) :])
+    except ValueError as exc:
+        raise KVStoreOpenError(f"kv_store {spec!r}: {exc}") from None
 
 
 def open_kv_store(spec: str, capacity_bytes: int) -> KVStore:
