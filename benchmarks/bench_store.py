@@ -38,6 +38,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,16 @@ def drop_page_cache() -> None:
         raise SystemExit(f"--cold needs to drop the page cache (as root): {exc}") from None
 
 
+def reads(put_seconds: float, read: Callable[[], float], cold: bool) -> Round:
+    """The round of a put that took ``put_seconds``: a warm ``read()``, and with ``cold``
+    one more after :func:`drop_page_cache`."""
+    warm = read()
+    if not cold:
+        return put_seconds, warm
+    drop_page_cache()
+    return put_seconds, warm, read()
+
+
 def raw_round(folder: Path, items: list[tuple[bytes, bytes]], cold: bool = False) -> Round:
     """Seconds to write, then read, ``items`` as plain files (the baseline); with ``cold``,
     to read them again after :func:`drop_page_cache`."""
@@ -89,12 +100,7 @@ def raw_round(folder: Path, items: list[tuple[bytes, bytes]], cold: bool = False
     for key, value in items:
         with open(folder / key.hex(), "wb") as f:
             f.write(value)
-    put = time.perf_counter() - t0
-    warm = read()
-    if not cold:
-        return put, warm
-    drop_page_cache()
-    return put, warm, read()
+    return reads(time.perf_counter() - t0, read, cold)
 
 
 def store_round(store: object, items: list[tuple[bytes, bytes]], cold: bool = False) -> Round:
@@ -113,12 +119,7 @@ def store_round(store: object, items: list[tuple[bytes, bytes]], cold: bool = Fa
 
     t0 = time.perf_counter()
     assert store.put_many(items) == len(items)
-    put = time.perf_counter() - t0
-    warm = read()
-    if not cold:
-        return put, warm
-    drop_page_cache()
-    return put, warm, read()
+    return reads(time.perf_counter() - t0, read, cold)
 
 
 _PREFIXES = itertools.count()
