@@ -726,8 +726,11 @@ class RadixCache:
         Complexity: O(nodes + cached blocks + num_blocks), plus rehashing with events on.
         """
         nodes = inspection.check_structure(self._roots, self._block_bytes, self._events)
-        leaves = [n for n in nodes if n.blocks and not has_device_child(n)]
-        self._leaves.check(leaves, [n for n in nodes if not n.blocks or has_device_child(n)])
+        leaves: list[_Node] = []
+        others: list[_Node] = []
+        for n in nodes:
+            (leaves if n.blocks and not has_device_child(n) else others).append(n)
+        self._leaves.check(leaves, others)
         self._pins.check(nodes, self._roots)
         self._order.check(nodes)
         blocks = np.concatenate([n.block_ids() for n in nodes]) if nodes else _EMPTY_BLOCKS

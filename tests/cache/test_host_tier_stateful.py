@@ -131,7 +131,7 @@ class HostTierMachine(RuleBasedStateMachine):
         keep=st.booleans(),
     )
     def serve(self, tokens, namespace, load, keep):
-        cache, alloc, bs = self.cache, self.alloc, self.bs
+        cache, bs = self.cache, self.bs
         device, anywhere = tier_prefixes(cache)
         key = namespace_key(namespace)
         on_device = longest(device, key, tokens, bs)
@@ -143,16 +143,20 @@ class HostTierMachine(RuleBasedStateMachine):
         else:
             assert m.num_tokens == on_device
         self.expect_contents(m.blocks, tokens, namespace)
-        blocks = list(m.blocks)
+        return self.place(list(m.blocks), tokens, namespace, keep)
+
+    def place(self, blocks: list, tokens: list, namespace: object, keep: bool) -> Request:
+        """After a match that handed out ``blocks``: evict for the rest (holding them),
+        allocate what fits, compute the new blocks, insert, then hold or release."""
+        cache, alloc, bs = self.cache, self.alloc, self.bs
         need = len(tokens) // bs - len(blocks)
         if need > alloc.num_free:
             self.refs.update(blocks)  # held while evicting, as the engine's would be
             cache.evict(need - alloc.num_free)
             self.refs.subtract(blocks)
-        new = alloc.alloc(min(need, alloc.num_free))
-        for i, b in enumerate(new, start=len(blocks)):
-            self.kv.device[b] = (namespace, tuple(tokens[: (i + 1) * bs]))
-        blocks += new
+        start = len(blocks)
+        blocks += alloc.alloc(min(need, alloc.num_free))
+        self.compute(blocks, start, tokens, namespace)
         n = len(blocks) * bs
         cache.insert(tokens[:n], blocks, namespace)
         req = Request(tokens[:n], namespace, blocks)
@@ -162,6 +166,11 @@ class HostTierMachine(RuleBasedStateMachine):
             alloc.decref(blocks)
             req.blocks = []
         return req
+
+    def compute(self, blocks: list, start: int, tokens: list, namespace: object) -> None:
+        """Write what ``blocks[start:]`` (just allocated) hold: their position's tokens."""
+        for i in range(start, len(blocks)):
+            self.kv.device[blocks[i]] = (namespace, tuple(tokens[: (i + 1) * self.bs]))
 
     @rule(req=consumes(requests))
     def release(self, req):

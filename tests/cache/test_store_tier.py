@@ -834,9 +834,7 @@ class StoreTierMachine(HostTierMachine):
         keep=st.booleans(),
     )
     def serve(self, tokens, namespace, load, keep):  # type: ignore[override]
-        from test_host_tier_stateful import Request
-
-        cache, alloc = self.cache, self.alloc
+        cache = self.cache
         device, anywhere = tier_prefixes(cache)
         key = namespace_key(namespace)
         on_device = longest(device, key, tokens, BS)
@@ -869,24 +867,10 @@ class StoreTierMachine(HostTierMachine):
             assert (m.num_tokens, total) == (on_device, in_tree + in_store)
             assert m.store_loaded_num_tokens == 0
         assert self.pools.holds(m.blocks, tokens, namespace), "a block holds the wrong bytes"
-        blocks = list(m.blocks)
-        need = len(tokens) // BS - len(blocks)
-        if need > alloc.num_free:
-            self.refs.update(blocks)
-            cache.evict(need - alloc.num_free)
-            self.refs.subtract(blocks)
-        new = alloc.alloc(min(need, alloc.num_free))
-        blocks += new
+        return self.place(list(m.blocks), tokens, namespace, keep)
+
+    def compute(self, blocks: list, start: int, tokens: list, namespace: object) -> None:
         self.pools.compute(blocks, tokens, namespace)  # the matched ones are unchanged
-        n = len(blocks) * BS
-        cache.insert(tokens[:n], blocks, namespace)
-        req = Request(tokens[:n], namespace, blocks)
-        if keep:
-            self.refs.update(blocks)
-        else:
-            alloc.decref(blocks)
-            req.blocks = []
-        return req
 
     @rule(
         tokens=st.lists(st.integers(0, 1), min_size=2, max_size=12),
